@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The embedded lab: real Debian 12 "workstations" (systemd + their own Docker engine) as containers on this machine.
+
+Built without any registry: the base image comes from Debian's packages (mmdebstrap + docker import) and is cached by
+the hash of its recipe. Every object the lab creates carries the label onprem.vllm.lab, and `down` removes only those.
+
+  labctl.py image                       build (or reuse) the workstation base image
+  labctl.py up [--workstations N] [--gateway]
+  labctl.py down
+  labctl.py status
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LAB_LABEL = "onprem.vllm.lab"
+ROLE_LABEL = "onprem.vllm.lab.role"
+IMAGE_REPO = "onprem-vllm-lab/workstation"
+NETWORK = "onprem-lab"
+DEFAULT_SUBNET = "172.30.99.0/24"
+HOST_PREFIX = "onprem-lab-"
+MAX_WORKSTATIONS = 8
+# The base image is ~250 MB, each workstation's nested engine later holds the serving image (~4.5 GB).
+MIN_FREE_BYTES_IMAGE = 2 * 1024**3
+BASE_PACKAGES = [
+    "python3", "python3-apt", "systemd", "systemd-sysv", "dbus", "sudo", "iproute2", "ca-certificates",
+    "gnupg", "curl", "procps", "kmod", "iptables",
+]
+# Everything but SYS_RESOURCE: `--privileged` and `--cap-add ALL` are refused on these machines (lab-facts.md),
+# and Docker 20.10 rejects the names BPF, CHECKPOINT_RESTORE and PERFMON.
+CAPABILITIES = (
+    "AUDIT_CONTROL AUDIT_READ AUDIT_WRITE BLOCK_SUSPEND CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID IPC_LOCK "
+    "IPC_OWNER KILL LEASE LINUX_IMMUTABLE MAC_ADMIN MAC_OVERRIDE MKNOD NET_ADMIN NET_BIND_SERVICE NET_BROADCAST "
+    "NET_RAW SETFCAP SETGID SETPCAP SETUID SYSLOG SYS_ADMIN SYS_BOOT SYS_CHROOT SYS_MODULE SYS_NICE SYS_PACCT "
+    "SYS_PTRACE SYS_RAWIO SYS_TIME SYS_TTY_CONFIG WAKE_ALARM"
+).split()
+LAB_DIR = Path(__file__).resolve().parent
+BUILD_DIR = LAB_DIR / "build"
+SHARE_DIR = BUILD_DIR / "share"  # mounted read-only at /srv/lab-share in every host: the air-gapped "file share"
+
+
+class LabError(Exception):
+    """A problem the operator can fix; printed as one line, no traceback."""
+
+
+def docker(*args: str, check: bool = True, capture: bool = True, stdin=None) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(["docker", *args], check=False, text=True, stdin=stdin,
+                              stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE)
+    except FileNotFoundError as exc:
+        raise LabError("docker CLI not found: install docker.io (apt-get install -y docker.io)") from exc
+    if check and proc.returncode != 0:
+        raise LabError(f"docker {' '.join(args[:3])} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return proc
+
+
+def require_docker() -> dict:
+    proc = docker("info", "--format", "{{json .}}", check=False)
+    if proc.returncode != 0:
+        raise LabError("Docker is not running: start it (systemctl start docker, or `dockerd &` where there is no "
+                       "systemd) and retry")
+    return json.loads(proc.stdout)
+
+
+def require_free_space(info: dict, needed: int) -> None:
+    root = info.get("DockerRootDir", "/var/lib/docker")
+    free = shutil.disk_usage(root if os.path.exists(root) else "/").free
+    if free < needed:
+        raise LabError(f"only {free / 1024**3:.1f} GiB free under {root}; the lab needs {needed / 1024**3:.1f} GiB: "
+                       "free space (docker system prune removes unused images) and retry")
+
+
+def debian_mirror() -> str:
+    """The mirror this machine's apt uses, so the lab works behind the same local mirror or proxy."""
+    sources = Path("/etc/apt/sources.list.d/debian.sources")
+    if sources.exists():
+        for line in sources.read_text().splitlines():
+            if line.startswith("URIs:"):
+                return line.split()[1]
+    return "http://deb.debian.org/debian"
+
+
+def image_recipe(mirror: str, ca_bundle: Path | None) -> dict:
+    recipe = {"suite": "bookworm", "variant": "minbase", "packages": BASE_PACKAGES, "mirror": mirror,
+              "recipe_version": 2}
+    if ca_bundle:
+        recipe["ca_bundle_sha256"] = hashlib.sha256(ca_bundle.read_bytes()).hexdigest()
+    return recipe
+
+
+def image_tag(recipe: dict) -> str:
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{IMAGE_REPO}:{digest}"
+
+
+def image_exists(tag: str) -> bool:
+    return docker("image", "inspect", tag, check=False).returncode == 0
+
+
+def build_image(ca_bundle: Path | None) -> str:
+    info = require_docker()
+    mirror = debian_mirror()
+    recipe = image_recipe(mirror, ca_bundle)
+    tag = image_tag(recipe)
+    if image_exists(tag):
+        docker("tag", tag, f"{IMAGE_REPO}:latest")
+        print(f"image {tag} is up to date")
+        return tag
+    if not shutil.which("mmdebstrap"):
+        raise LabError("mmdebstrap not found: apt-get install -y mmdebstrap")
+    require_free_space(info, MIN_FREE_BYTES_IMAGE)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        hooks = [
+            # A container has no console or udev; these units only slow boot or fail there.
+            'chroot "$1" systemctl mask getty@tty1.service systemd-udevd.service systemd-logind.service '
+            "systemd-remount-fs.service sys-kernel-config.mount console-getty.service",
+            'echo "onprem-lab" > "$1/etc/hostname"',
+        ]
+        if ca_bundle:
+            hooks.append(f'cp {ca_bundle} "$1/usr/local/share/ca-certificates/lab-extra.crt" && '
+                         'chroot "$1" update-ca-certificates')
+        cmd = ["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}"]
+        cmd += [f"--customize-hook={hook}" for hook in hooks]
+        cmd += ["bookworm", str(rootfs), mirror]
+        proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
+        if proc.returncode != 0:
+            raise LabError(f"mmdebstrap failed (mirror {mirror}): {proc.stderr.strip().splitlines()[-3:]}")
+        changes = [f"LABEL {LAB_LABEL}=1", f"LABEL {LAB_LABEL}.recipe={tag.split(':')[1]}",
+                   'CMD ["/lib/systemd/systemd"]', "ENV container=docker"]
+        import_args = ["import"]
+        for change in changes:
+            import_args += ["--change", change]
+        docker(*import_args, str(rootfs), tag)
+    docker("tag", tag, f"{IMAGE_REPO}:latest")
+    print(f"built image {tag} in {time.monotonic() - started:.0f} s")
+    return tag
+
+
+def lab_containers() -> dict[str, dict]:
+    proc = docker("ps", "-a", "--filter", f"label={LAB_LABEL}", "--format", "{{json .}}")
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return {row["Names"]: row for row in rows}
+
+
+def ensure_network(subnet: str) -> None:
+    proc = docker("network", "inspect", NETWORK, check=False)
+    if proc.returncode == 0:
+        net = json.loads(proc.stdout)[0]
+        if net.get("Labels", {}).get(LAB_LABEL) != "1":
+            raise LabError(f"a Docker network named {NETWORK} exists but was not made by the lab: remove or rename it")
+        return
+    wanted = ipaddress.ip_network(subnet)
+    for name in docker("network", "ls", "--format", "{{.Name}}").stdout.split():
+        for cfg in (json.loads(docker("network", "inspect", name).stdout)[0].get("IPAM", {}).get("Config") or []):
+            if cfg.get("Subnet") and ipaddress.ip_network(cfg["Subnet"]).overlaps(wanted):
+                raise LabError(f"subnet {subnet} is taken by Docker network {name}: pass --subnet with a free range")
+    docker("network", "create", "--label", f"{LAB_LABEL}=1", "--subnet", subnet, NETWORK)
+
+
+def host_plan(workstations: int, gateway: bool, subnet: str) -> list[dict]:
+    net = ipaddress.ip_network(subnet)
+    plan = [{"name": f"{HOST_PREFIX}ws{i}", "role": "workstation", "ip": str(net.network_address + 10 + i)}
+            for i in range(1, workstations + 1)]
+    if gateway:
+        plan.append({"name": f"{HOST_PREFIX}gw", "role": "gateway", "ip": str(net.network_address + 5)})
+    return plan
+
+
+def run_host(host: dict, image: str) -> None:
+    args = ["run", "-d", "--name", host["name"], "--hostname", host["name"],
+            "--label", f"{LAB_LABEL}=1", "--label", f"{ROLE_LABEL}={host['role']}",
+            "--network", NETWORK, "--ip", host["ip"],
+            "--cap-drop", "ALL", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+            "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
+            "--shm-size", "1g", "--stop-signal", "SIGRTMIN+3",
+            "-v", f"{host['name']}-docker:/var/lib/docker",
+            "-v", f"{SHARE_DIR}:/srv/lab-share:ro"]
+    for cap in CAPABILITIES:
+        args += ["--cap-add", cap]
+    docker("volume", "create", "--label", f"{LAB_LABEL}=1", f"{host['name']}-docker")
+    docker(*args, image)
+
+
+def wait_for_systemd(name: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        proc = docker("exec", name, "systemctl", "is-system-running", check=False)
+        state = proc.stdout.strip()
+        if state in ("running", "degraded"):
+            return
+        time.sleep(1)
+    raise LabError(f"{name}: systemd did not finish booting in {timeout:.0f} s (state {state!r}); "
+                   f"see `docker logs {name}`")
+
+
+def up(workstations: int, gateway: bool, subnet: str, ca_bundle: Path | None) -> None:
+    if not 1 <= workstations <= MAX_WORKSTATIONS:
+        raise LabError(f"--workstations must be 1..{MAX_WORKSTATIONS}, got {workstations}")
+    image = build_image(ca_bundle)
+    SHARE_DIR.mkdir(parents=True, exist_ok=True)
+    plan = host_plan(workstations, gateway, subnet)
+    existing = lab_containers()
+    for host in plan:
+        other = docker("container", "inspect", host["name"], check=False)
+        if other.returncode == 0 and host["name"] not in existing:
+            raise LabError(f"a container named {host['name']} exists but is not a lab host: rename or remove it "
+                           "(the lab never deletes containers it did not create)")
+    ensure_network(subnet)
+    for host in plan:
+        row = existing.get(host["name"])
+        if row is None:
+            run_host(host, image)
+            print(f"{host['name']}: created ({host['role']}, {host['ip']})")
+        elif row["State"] != "running":
+            docker("start", host["name"])
+            print(f"{host['name']}: started")
+        else:
+            print(f"{host['name']}: running")
+    for host in plan:
+        wait_for_systemd(host["name"])
+    extra = sorted(set(existing) - {host["name"] for host in plan})
+    if extra:
+        print(f"note: lab hosts outside this plan are left as they are: {', '.join(extra)} (`labctl.py down` removes "
+              "every lab host)")
+
+
+def down() -> None:
+    require_docker()
+    for name in lab_containers():
+        docker("rm", "-f", "-v", name)
+        print(f"{name}: removed")
+    for vol in docker("volume", "ls", "-q", "--filter", f"label={LAB_LABEL}").stdout.split():
+        docker("volume", "rm", vol)
+        print(f"volume {vol}: removed")
+    proc = docker("network", "inspect", NETWORK, check=False)
+    if proc.returncode == 0 and json.loads(proc.stdout)[0].get("Labels", {}).get(LAB_LABEL) == "1":
+        docker("network", "rm", NETWORK)
+        print(f"network {NETWORK}: removed")
+
+
+def status() -> None:
+    require_docker()
+    for name, row in sorted(lab_containers().items()):
+        print(f"{name}\t{row['State']}\t{row['Status']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ca_help = "a CA bundle to trust inside the lab (sites behind TLS-inspecting proxies need it for HTTPS)"
+    p_image = sub.add_parser("image", help="build or reuse the workstation base image")
+    p_image.add_argument("--ca-bundle", type=Path, help=ca_help)
+    p_up = sub.add_parser("up", help="create or start the lab hosts (idempotent)")
+    p_up.add_argument("--workstations", type=int, default=int(os.environ.get("LAB_WORKSTATIONS", "2")))
+    p_up.add_argument("--gateway", action="store_true", help="also start a gateway host")
+    p_up.add_argument("--subnet", default=os.environ.get("LAB_SUBNET", DEFAULT_SUBNET))
+    p_up.add_argument("--ca-bundle", type=Path, help=ca_help)
+    sub.add_parser("down", help="remove every lab host, its volume and the lab network (nothing else)")
+    sub.add_parser("status", help="list lab hosts")
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "ca_bundle", None) and not args.ca_bundle.is_file():
+            raise LabError(f"--ca-bundle {args.ca_bundle}: no such file")
+        if args.command == "image":
+            build_image(args.ca_bundle)
+        elif args.command == "up":
+            up(args.workstations, args.gateway, args.subnet, args.ca_bundle)
+        elif args.command == "down":
+            down()
+        else:
+            status()
+    except LabError as exc:
+        print(f"labctl: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
