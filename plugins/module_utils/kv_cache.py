@@ -1,0 +1,519 @@
+# -*- coding: utf-8 -*-
+# Copyright: onprem.vllm contributors
+# SPDX-License-Identifier: Apache-2.0
+"""Predict vLLM's KV-cache size on one worker, check vLLM's startup constraints, and suggest fixes.
+
+Pure arithmetic, standard library only (importable by unit tests and the accuracy benchmark without Ansible).
+
+What is exact (vLLM v1 `kv_cache_utils`): bytes per token, page size, block count from a given available memory
+(``available // page_size // layers``), the logged token count (``num_blocks * block_size``, the null block included),
+max concurrency (``num_blocks / cdiv(max_model_len, block_size)``) and the one-request fit check.
+What is estimated: the non-KV memory vLLM measures when it profiles (weights, activation peak of a dummy batch,
+non-torch memory, CUDA-graph estimate from 0.20). The constants for those are fitted on public startup logs; see
+benchmarks/kv_accuracy.py and docs/kv_headroom.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+from ansible_collections.onprem.vllm.plugins.module_utils.model_config import ModelShape
+
+GIB = 1 << 30
+
+# The version this collection's rollout pins by default; callers pass their own.
+DEFAULT_VLLM_VERSION = "0.33.0"
+
+KV_CACHE_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+# --- fitted overhead model (benchmarks/kv_accuracy.py --fit prints the fit these come from) -------------------
+# Activation peak of vLLM's profile run: a dummy forward of max_num_batched_tokens tokens, then the sampler on
+# min(max_num_seqs, tokens) rows of fp32 logits (several logits-sized temporaries live at once).
+ACTIVATION_BASE_BYTES = int(0.10 * GIB)
+SAMPLER_LOGITS_COPIES = 6.0
+FORWARD_BYTES_PER_TOKEN_WIDTH = 2.0  # bf16 activations of width (hidden + per-GPU MLP width), per batched token
+# Non-torch memory growth during profiling (NCCL / custom all-reduce buffers, cuBLAS workspaces), by TP size.
+NON_TORCH_BYTES_BY_TP = {1: int(0.15 * GIB), 2: int(0.45 * GIB), 4: int(0.9 * GIB), 8: int(1.4 * GIB)}
+# From vLLM 0.20 the profiler also subtracts an estimate of the CUDA graphs' pool.
+CUDAGRAPH_ESTIMATE_BYTES = int(0.6 * GIB)
+CUDAGRAPH_IN_BUDGET_FROM = (0, 20, 0)
+UTILIZATION_092_FROM = (0, 20, 0)
+# vLLM pads/refines FP8 weight blocks for MoE shards from this version (reference §2: seen in 0.33; the first
+# release with it is unverified, so earlier versions are treated as failing).
+BLOCK_FP8_PADDING_FROM = (0, 33, 0)
+# Devices of at least 70 GiB that are not A100 get vLLM's larger scheduler defaults (EngineArgs.get_batch_defaults).
+LARGE_DEVICE_BYTES = 70 * GIB
+
+
+class PlanInputError(ValueError):
+    """Bad input: the message names the field and what to change."""
+
+
+def parse_version(text: str) -> tuple:
+    """'v0.11.0rc1' -> (0, 11, 0); raises PlanInputError for something that is not a version."""
+    cleaned = str(text).strip().lstrip("vV")
+    parts = []
+    for piece in cleaned.split(".")[:3]:
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        parts.append(int(digits))
+    if not parts:
+        raise PlanInputError("vllm_version %r is not a version like 0.11.0" % (text,))
+    while len(parts) < 3:
+        parts.append(0)
+    return tuple(parts)
+
+
+def default_gpu_memory_utilization(version: tuple) -> float:
+    return 0.92 if version >= UTILIZATION_092_FROM else 0.9
+
+
+def default_batch_limits(gpu_memory_bytes: int, gpu_name: str = "") -> tuple:
+    """(max_num_batched_tokens, max_num_seqs) that `vllm serve` picks when not given."""
+    if gpu_memory_bytes >= LARGE_DEVICE_BYTES and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def kv_dtype_bytes(shape: ModelShape, kv_cache_dtype: str) -> int:
+    if kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
+        raise PlanInputError("kv_cache_dtype %r is not one of %s" % (kv_cache_dtype, ", ".join(KV_CACHE_DTYPE_BYTES)))
+    explicit = KV_CACHE_DTYPE_BYTES[kv_cache_dtype]
+    if explicit:
+        return explicit
+    # 'auto' follows the model dtype; vLLM serves fp32 checkpoints in 16 bit, so the cache is 16 bit.
+    return min(shape.extra.get("dtype_bytes", 2), 2)
+
+
+def layers_per_stage(num_layers: int, pp: int) -> List[int]:
+    """vLLM's get_pp_indices split: even shares, the remainder going to the stages before the last."""
+    base = num_layers // pp
+    stages = [base] * pp
+    for i in range(2, num_layers % pp + 2):
+        stages[-i] += 1
+    return stages
+
+
+def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
+    """KV heads a TP rank holds; heads are replicated when there are fewer than TP ranks."""
+    if shape.is_mla:
+        return 1
+    return max(1, shape.num_kv_heads // tp)
+
+
+def kv_head_size(shape: ModelShape) -> int:
+    return shape.kv_lora_rank + shape.qk_rope_head_dim if shape.is_mla else shape.head_dim
+
+
+def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_cache_dtype: str) -> int:
+    # MLA caches one latent vector (no separate K and V); everything else caches K and V.
+    k_and_v = 1 if shape.is_mla else 2
+    return k_and_v * kv_heads_per_gpu(shape, tp) * kv_head_size(shape) * kv_dtype_bytes(shape, kv_cache_dtype)
+
+
+@dataclass
+class PlanRequest:
+    shape: ModelShape
+    gpu_memory_bytes: Optional[int] = None
+    gpu_memory_utilization: Optional[float] = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    max_model_len: Optional[int] = None
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    max_num_batched_tokens: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    vllm_version: str = DEFAULT_VLLM_VERSION
+    weights_bytes_per_gpu: Optional[int] = None
+    available_kv_cache_bytes: Optional[int] = None
+    min_concurrency: Optional[float] = None
+    device: str = "cuda"
+    cpu_kv_cache_space_bytes: Optional[int] = None
+    enforce_eager: bool = False
+    gpu_name: str = ""
+    co_located_utilizations: Sequence[float] = ()
+    allow_long_max_model_len: bool = False
+
+
+@dataclass
+class Plan:
+    kv_bytes_per_token: int
+    weights_bytes_per_gpu: Optional[int]
+    available_kv_cache_bytes: int
+    num_gpu_blocks: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    fits: bool
+    covered: bool
+    max_model_len: int
+    gpu_memory_utilization: Optional[float]
+    budget_bytes: Optional[int]
+    activation_peak_bytes: int = 0
+    non_torch_bytes: int = 0
+    cudagraph_bytes: int = 0
+    weights_source: str = ""
+    reasons: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    suggestions: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _require_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanInputError("%s must be an integer, got %r" % (name, value))
+    if value < minimum:
+        raise PlanInputError("%s must be >= %d, got %d" % (name, minimum, value))
+    return value
+
+
+def validate(req: PlanRequest) -> None:
+    _require_int("tensor_parallel_size", req.tensor_parallel_size)
+    _require_int("pipeline_parallel_size", req.pipeline_parallel_size)
+    _require_int("block_size", req.block_size)
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+        if getattr(req, name) is not None:
+            _require_int(name, getattr(req, name))
+    if req.gpu_memory_bytes is not None:
+        _require_int("gpu_memory_bytes", req.gpu_memory_bytes)
+    for name in ("weights_bytes_per_gpu", "available_kv_cache_bytes", "cpu_kv_cache_space_bytes"):
+        if getattr(req, name) is not None:
+            _require_int(name, getattr(req, name), minimum=0)
+    util = req.gpu_memory_utilization
+    if util is not None and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
+        raise PlanInputError("gpu_memory_utilization must be in (0, 1], got %r" % (util,))
+    for other in req.co_located_utilizations:
+        if isinstance(other, bool) or not isinstance(other, (int, float)) or not 0 < other <= 1:
+            raise PlanInputError("co_located_utilizations entries must be in (0, 1], got %r" % (other,))
+    if req.min_concurrency is not None and (not isinstance(req.min_concurrency, (int, float)) or req.min_concurrency <= 0):
+        raise PlanInputError("min_concurrency must be a positive number, got %r" % (req.min_concurrency,))
+    if req.kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
+        raise PlanInputError("kv_cache_dtype %r is not one of %s" % (req.kv_cache_dtype, ", ".join(KV_CACHE_DTYPE_BYTES)))
+    if req.device not in ("cuda", "cpu"):
+        raise PlanInputError("device must be cuda or cpu, got %r" % (req.device,))
+    parse_version(req.vllm_version)
+    if req.device == "cuda" and req.gpu_memory_bytes is None and req.available_kv_cache_bytes is None:
+        raise PlanInputError("gpu_memory_bytes is required (or gpu_topology facts, or available_kv_cache_bytes) "
+                             "for device cuda; for the CPU backend set device: cpu and cpu_kv_cache_space_bytes")
+
+
+# --- weights -------------------------------------------------------------------------------------------------
+
+def estimate_parameters(shape: ModelShape) -> dict:
+    """Parameter counts of the language model by kind: embeddings, attention, dense MLP, experts."""
+    h = shape.hidden_size
+    embed = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
+    if shape.is_mla:
+        q_in = h * shape.q_lora_rank + shape.q_lora_rank * shape.num_attention_heads * (
+            shape.qk_nope_head_dim + shape.qk_rope_head_dim) if shape.q_lora_rank else (
+            h * shape.num_attention_heads * (shape.qk_nope_head_dim + shape.qk_rope_head_dim))
+        kv = h * (shape.kv_lora_rank + shape.qk_rope_head_dim) + shape.kv_lora_rank * shape.num_attention_heads * (
+            shape.qk_nope_head_dim + shape.v_head_dim)
+        attn = q_in + kv + shape.num_attention_heads * shape.v_head_dim * h
+    else:
+        attn = h * shape.head_dim * (2 * shape.num_attention_heads + 2 * shape.num_kv_heads)
+    dense_mlp = 3 * h * shape.intermediate_size
+    if shape.is_moe:
+        moe_layers = shape.num_layers - shape.num_dense_layers
+        experts = moe_layers * (shape.num_experts * 3 * h * shape.moe_intermediate_size + h * shape.num_experts)
+        shared = moe_layers * 3 * h * shape.shared_expert_intermediate_size
+        mlp = shape.num_dense_layers * dense_mlp + shared
+    else:
+        experts = 0
+        mlp = shape.num_layers * dense_mlp
+    return {"embed": embed, "attn": shape.num_layers * attn, "mlp": mlp, "experts": experts}
+
+
+def estimate_weights_bytes(shape: ModelShape) -> int:
+    """Whole-model weight bytes from the config: quantized linear layers, 16-bit embeddings and lm_head."""
+    params = estimate_parameters(shape)
+    linear = params["attn"] + params["mlp"] + params["experts"]
+    if shape.quant_method == "mxfp4":
+        # gpt-oss style: only the experts are MXFP4
+        return int(params["embed"] * 2 + (params["attn"] + params["mlp"]) * 2 + params["experts"] * shape.weight_bits / 8)
+    return int(params["embed"] * 2 + linear * shape.weight_bits / 8)
+
+
+def weights_per_gpu(req: PlanRequest, tp: int) -> tuple:
+    """(bytes, where the number came from) for one worker of the largest pipeline stage."""
+    shape = req.shape
+    gpus = tp * req.pipeline_parallel_size
+    if req.weights_bytes_per_gpu is not None and tp == req.tensor_parallel_size:
+        return req.weights_bytes_per_gpu, "given"
+    if shape.checkpoint_bytes:
+        total, source = shape.checkpoint_bytes, "safetensors"
+    else:
+        total, source = estimate_weights_bytes(shape), "estimated from config.json"
+    per_gpu = total / gpus
+    if not shape.is_mla and shape.num_kv_heads < tp:
+        # K/V projections are replicated on each rank instead of split
+        kv_proj = 2 * shape.hidden_size * shape.num_kv_heads * shape.head_dim * shape.num_layers
+        per_gpu += kv_proj * (tp // shape.num_kv_heads - 1) / gpus * shape.weight_bits / 8
+    return int(per_gpu), source
+
+
+# --- non-KV memory of the profile run ------------------------------------------------------------------------
+
+def mlp_width_per_gpu(shape: ModelShape, tp: int, expert_parallel: bool) -> float:
+    """Width of the widest per-token MLP activation on one rank (gate+up output, or the fused-MoE caches)."""
+    if shape.is_moe:
+        moe_tp = 1 if expert_parallel else tp
+        return shape.num_experts_per_tok * (2.0 * shape.moe_intermediate_size / moe_tp + shape.hidden_size)
+    return 2.0 * shape.intermediate_size / tp
+
+
+def activation_peak_bytes(shape: ModelShape, tp: int, batched_tokens: int, num_seqs: int,
+                          expert_parallel: bool = False, last_stage: bool = True) -> int:
+    rows = min(num_seqs, batched_tokens)
+    sampler = SAMPLER_LOGITS_COPIES * rows * shape.vocab_size * 4 if last_stage else 0
+    width = shape.hidden_size + mlp_width_per_gpu(shape, tp, expert_parallel)
+    forward = FORWARD_BYTES_PER_TOKEN_WIDTH * batched_tokens * width
+    return int(ACTIVATION_BASE_BYTES + sampler + forward)
+
+
+def non_torch_bytes(tp: int, pp: int) -> int:
+    world = tp * pp
+    known = sorted(NON_TORCH_BYTES_BY_TP)
+    if world in NON_TORCH_BYTES_BY_TP:
+        return NON_TORCH_BYTES_BY_TP[world]
+    below = max([k for k in known if k <= world] or [known[0]])
+    return NON_TORCH_BYTES_BY_TP[below]
+
+
+# --- the plan ------------------------------------------------------------------------------------------------
+
+def blocks_for(available: int, page_size_per_layer: int, layers: int) -> int:
+    """vLLM get_num_blocks: floor(available / page_size / layers), never negative."""
+    if available <= 0 or layers <= 0:
+        return 0
+    return max(int(available // page_size_per_layer // layers), 0)
+
+
+def _gib(value: float) -> str:
+    return "%.2f" % (value / GIB)
+
+
+def _non_kv_bytes(req: PlanRequest, tp: int, version: tuple) -> dict:
+    shape = req.shape
+    gpu_bytes = req.gpu_memory_bytes or 0
+    default_tokens, default_seqs = default_batch_limits(gpu_bytes, req.gpu_name)
+    tokens = req.max_num_batched_tokens or default_tokens
+    seqs = req.max_num_seqs or default_seqs
+    weights, source = weights_per_gpu(req, tp)
+    act = activation_peak_bytes(shape, tp, tokens, seqs, req.enable_expert_parallel)
+    non_torch = non_torch_bytes(tp, req.pipeline_parallel_size)
+    cudagraph = CUDAGRAPH_ESTIMATE_BYTES if version >= CUDAGRAPH_IN_BUDGET_FROM and not req.enforce_eager else 0
+    return {"weights": weights, "weights_source": source, "activation": act, "non_torch": non_torch,
+            "cudagraph": cudagraph, "batched_tokens": tokens, "num_seqs": seqs}
+
+
+def _available_for(req: PlanRequest, tp: int, util: float, version: tuple) -> tuple:
+    """(available KV bytes, non-KV breakdown) for a GPU worker."""
+    parts = _non_kv_bytes(req, tp, version)
+    requested = math.ceil(req.gpu_memory_bytes * util)
+    available = requested - parts["weights"] - parts["activation"] - parts["non_torch"] - parts["cudagraph"]
+    return int(available), parts
+
+
+def constraint_reasons(req: PlanRequest, tp: int, version: tuple) -> List[str]:
+    """Startup failures that do not depend on memory, in vLLM's wording where it has one."""
+    shape = req.shape
+    reasons = []
+    if shape.num_attention_heads % tp:
+        reasons.append("Total number of attention heads (%d) must be divisible by tensor parallel size (%d)."
+                       % (shape.num_attention_heads, tp))
+    if not shape.is_mla:
+        kv = shape.num_kv_heads
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            reasons.append("Total number of KV heads (%d) must be divisible by tensor parallel size (%d) or divide "
+                           "it (vLLM asserts this when it builds QKVParallelLinear)." % (kv, tp))
+    if shape.num_layers < req.pipeline_parallel_size:
+        reasons.append("pipeline_parallel_size (%d) is larger than the number of layers (%d)."
+                       % (req.pipeline_parallel_size, shape.num_layers))
+    block = shape.weight_block_size
+    if block and len(block) == 2 and version < BLOCK_FP8_PADDING_FROM:
+        block_n = int(block[0])
+        if shape.is_moe and not req.enable_expert_parallel:
+            if shape.moe_intermediate_size % tp or (shape.moe_intermediate_size // tp) % block_n:
+                reasons.append("The output_size of gate's and up's weight = %d is not divisible by weight "
+                               "quantization block_n = %d. (moe_intermediate_size %d / TP %d; use a TP that keeps it "
+                               "a multiple of %d, or --enable-expert-parallel)"
+                               % (shape.moe_intermediate_size // tp, block_n, shape.moe_intermediate_size, tp, block_n))
+        dense_width = shape.intermediate_size if (not shape.is_moe or shape.num_dense_layers) else 0
+        if dense_width and (dense_width % tp or (dense_width // tp) % block_n):
+            reasons.append("Weight output_partition_size = %d is not divisible by weight quantization block_n = %d."
+                           % (dense_width // tp, block_n))
+    return reasons
+
+
+def _max_len_fitting(available: int, page: int, layers: int, block_size: int, cap: int) -> int:
+    """vLLM's estimated maximum model length: whole blocks of every layer within the available memory."""
+    if available <= 0:
+        return 0
+    return min(cap, int(available // (page * layers)) * block_size)
+
+
+def plan(req: PlanRequest) -> Plan:
+    validate(req)
+    shape = req.shape
+    version = parse_version(req.vllm_version)
+    tp, pp, bs = req.tensor_parallel_size, req.pipeline_parallel_size, req.block_size
+    max_len = req.max_model_len or shape.derived_max_model_len
+    layers = max(layers_per_stage(shape.num_layers, pp))
+    per_layer = kv_bytes_per_token_per_layer(shape, tp, req.kv_cache_dtype)
+    page = per_layer * bs
+    reasons: List[str] = []
+    notes: List[str] = []
+    covered = not shape.non_uniform_reason
+    if not covered:
+        reasons.append("Not predicted: %s. The uniform KV formula does not cover this model, so no KV size is "
+                       "claimed; check vLLM's own log, or set fail_on_misfit: false to roll out unchecked."
+                       % shape.non_uniform_reason)
+
+    util = None
+    budget = None
+    weights = None
+    parts = {"activation": 0, "non_torch": 0, "cudagraph": 0, "weights_source": ""}
+    if req.available_kv_cache_bytes is not None:
+        available = req.available_kv_cache_bytes
+        notes.append("available_kv_cache_bytes given: only the block arithmetic ran (like --kv-cache-memory)")
+    elif req.device == "cpu":
+        available = req.cpu_kv_cache_space_bytes if req.cpu_kv_cache_space_bytes is not None else 4 * GIB
+        notes.append("CPU backend: KV space is VLLM_CPU_KVCACHE_SPACE (%s GiB)" % _gib(available))
+    else:
+        util = req.gpu_memory_utilization or default_gpu_memory_utilization(version)
+        budget = math.ceil(req.gpu_memory_bytes * util)
+        available, parts = _available_for(req, tp, util, version)
+        weights = parts["weights"]
+        if weights > req.gpu_memory_bytes:
+            reasons.append("Weights need %s GiB per GPU, more than the GPU's %s GiB: loading fails with CUDA out of "
+                           "memory." % (_gib(weights), _gib(req.gpu_memory_bytes)))
+    if req.weights_bytes_per_gpu is not None and weights is None:
+        weights = req.weights_bytes_per_gpu
+
+    num_blocks = blocks_for(available, page, layers)
+    tokens = num_blocks * bs
+    blocks_per_request = -(-max_len // bs)
+    max_concurrency = num_blocks / blocks_per_request if blocks_per_request else 0.0
+
+    reasons.extend(constraint_reasons(req, tp, version))
+    if max_len > shape.derived_max_model_len and not req.allow_long_max_model_len:
+        reasons.append("User-specified max_model_len (%d) is greater than the derived max_model_len "
+                       "(max_position_embeddings=%d in model's config.json). To allow overriding this maximum, set "
+                       "the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (only with rope scaling that supports it)."
+                       % (max_len, shape.derived_max_model_len))
+    for other in req.co_located_utilizations:
+        if util is not None and util + other >= 1.0:
+            reasons.append("gpu_memory_utilization %.2f plus %.2f of another instance on the same GPU is %.2f >= 1.0: "
+                           "the second to start fails with 'Free memory on device ... is less than desired GPU memory "
+                           "utilization'." % (util, other, util + other))
+    needed = layers * blocks_per_request * page
+    fits_one = available > 0 and needed <= available
+    memory_short = not fits_one
+    if covered:
+        if available <= 0:
+            reasons.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                           "initializing the engine. (predicted %s GiB left for KV)" % _gib(available))
+        elif not fits_one:
+            estimate = _max_len_fitting(available, page, layers, bs, max_len)
+            reasons.append("To serve at least one request with the model's max seq len (%d), (%s GiB KV cache is "
+                           "needed, which is larger than the available KV cache memory (%s GiB). Based on the "
+                           "available memory, the estimated maximum model length is %d. Try increasing "
+                           "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+                           % (max_len, _gib(needed), _gib(available), estimate))
+        if req.min_concurrency and fits_one and max_concurrency < req.min_concurrency:
+            memory_short = True
+            reasons.append("Maximum concurrency for %d tokens per request is %.2fx, below min_concurrency %s."
+                           % (max_len, max_concurrency, req.min_concurrency))
+
+    result = Plan(
+        kv_bytes_per_token=per_layer * layers,
+        weights_bytes_per_gpu=weights,
+        available_kv_cache_bytes=int(available),
+        num_gpu_blocks=num_blocks,
+        kv_cache_tokens=tokens,
+        max_concurrency=round(max_concurrency, 2),
+        fits=not reasons,
+        covered=covered,
+        max_model_len=max_len,
+        gpu_memory_utilization=util,
+        budget_bytes=budget,
+        activation_peak_bytes=parts["activation"],
+        non_torch_bytes=parts["non_torch"],
+        cudagraph_bytes=parts["cudagraph"],
+        weights_source=parts["weights_source"],
+        reasons=reasons,
+        notes=notes,
+    )
+    if covered:
+        result.suggestions = suggest(req, result, version, page, layers, memory_short)
+    return result
+
+
+def _needed_blocks(req: PlanRequest, max_len: int) -> int:
+    per_request = -(-max_len // req.block_size)
+    return max(per_request, math.ceil(per_request * (req.min_concurrency or 1)))
+
+
+def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, need_blocks: int) -> bool:
+    available, _parts = _available_for(req, tp, util, version)
+    page = kv_bytes_per_token_per_layer(req.shape, tp, req.kv_cache_dtype) * req.block_size
+    return blocks_for(available, page, layers) >= need_blocks
+
+
+def suggest(req: PlanRequest, result: Plan, version: tuple, page: int, layers: int, memory_short: bool) -> dict:
+    """The knobs that would make it fit: largest max_model_len; when it does not fit, utilization, fp8 KV cache,
+    a TP that passes the constraint checks and fits, or expert parallelism for block-FP8 MoE shards."""
+    shape = req.shape
+    bs = req.block_size
+    out: dict = {}
+    usable_blocks = int(result.num_gpu_blocks // (req.min_concurrency or 1))
+    longest = shape.derived_max_model_len if not req.allow_long_max_model_len else max(result.max_model_len,
+                                                                                        usable_blocks * bs)
+    out["max_model_len"] = min(usable_blocks * bs, longest)
+    if result.fits or result.budget_bytes is None:
+        return out
+    need_blocks = _needed_blocks(req, result.max_model_len)
+    util = result.gpu_memory_utilization or default_gpu_memory_utilization(version)
+    if memory_short:
+        non_kv = result.budget_bytes - result.available_kv_cache_bytes
+        util_needed = math.ceil((need_blocks * page * layers + non_kv) / req.gpu_memory_bytes * 100) / 100.0
+        if util_needed <= 0.98:
+            out["gpu_memory_utilization"] = util_needed
+        if req.kv_cache_dtype == "auto":
+            fp8_page = kv_bytes_per_token_per_layer(shape, req.tensor_parallel_size, "fp8") * bs
+            if blocks_for(result.available_kv_cache_bytes, fp8_page, layers) >= need_blocks:
+                out["kv_cache_dtype"] = "fp8"
+    current = req.tensor_parallel_size
+    candidates = [tp for tp in (1, 2, 4, 8) if tp > current] + [tp for tp in (8, 4, 2, 1) if tp < current]
+    for tp in candidates:
+        if not constraint_reasons(req, tp, version) and _fits_memory(req, tp, util, version, layers, need_blocks):
+            out["tensor_parallel_size"] = tp
+            break
+    if shape.is_moe and not req.enable_expert_parallel and constraint_reasons(req, current, version):
+        with_ep = PlanRequest(**dict(req.__dict__, enable_expert_parallel=True))
+        if not constraint_reasons(with_ep, current, version):
+            out["enable_expert_parallel"] = True
+    return out
+
+
+def summary(result: Plan) -> str:
+    """One line a failed task can show: verdict, first reason, and the fix."""
+    fixes = ", ".join("%s=%s" % (k, v) for k, v in sorted(result.suggestions.items()))
+    head = "fits" if result.fits else "does not fit"
+    text = "KV plan %s: %d tokens (%d blocks), %.2fx concurrency at max_model_len %d, %s GiB for KV" % (
+        head, result.kv_cache_tokens, result.num_gpu_blocks, result.max_concurrency, result.max_model_len,
+        _gib(result.available_kv_cache_bytes))
+    if result.reasons:
+        text += ". " + " ".join(result.reasons)
+    if fixes:
+        text += " Suggested: " + fixes
+    return text

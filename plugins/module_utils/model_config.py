@@ -1,0 +1,340 @@
+# -*- coding: utf-8 -*-
+# Copyright: onprem.vllm contributors
+# SPDX-License-Identifier: Apache-2.0
+"""Read a Hugging Face checkpoint's config.json into the shape the KV planner needs.
+
+Accepts a config.json file, a checkpoint directory, an HF cache repo folder (models--Org--Name) or one of its
+snapshots. Multimodal configs are resolved to their language model (``text_config``). Weight sizes come from
+``model.safetensors.index.json`` (metadata.total_size) or from the safetensors headers; weight files are never read
+beyond their header. Standard library only: this runs on managed hosts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class ModelConfigError(ValueError):
+    """A config.json that cannot be planned for; the message names the file and the field."""
+
+
+# Model types whose KV cache vLLM splits into per-layer groups (sliding window, chunked local attention,
+# linear attention, Mamba): the uniform formula does not describe them.
+NON_UNIFORM_MODEL_TYPES = frozenset({
+    "gemma2", "gemma3", "gemma3_text", "gemma3n", "gpt_oss", "cohere2", "llama4", "llama4_text",
+    "qwen3_next", "jamba", "falcon_h1", "nemotron_h", "granitemoehybrid", "bamba", "zamba2", "minimax_text_01",
+    "minimax_m1", "plamo2", "lfm2", "mamba", "mamba2", "kimi_linear", "mimo_v2_flash", "exaone4", "hunyuan_v1_dense",
+})
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs to know about the language model of a checkpoint."""
+
+    source: str
+    model_type: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    derived_max_model_len: int
+    rope_scaling_type: Optional[str] = None
+    tie_word_embeddings: bool = False
+    # MLA (DeepSeek V2/V3, Kimi K2): one latent "head" of kv_lora_rank + qk_rope_head_dim per token and layer.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    # MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    num_dense_layers: int = 0
+    # Quantization of the checkpoint's weights (not of the KV cache).
+    quant_method: Optional[str] = None
+    weight_bits: float = 16.0
+    weight_block_size: Optional[tuple] = None
+    # Why the uniform KV formula does not apply (sliding window, hybrid); empty when it does.
+    non_uniform_reason: str = ""
+    checkpoint_bytes: Optional[int] = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+def _first(cfg: dict, *names: str) -> Any:
+    for name in names:
+        value = cfg.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _positive_int(cfg: dict, source: str, names: tuple, required: bool = True, default: int = 0) -> int:
+    value = _first(cfg, *names)
+    if value is None:
+        if required:
+            raise ModelConfigError(
+                "%s has no %s: the planner needs it to size the KV cache (a complete Hugging Face config.json "
+                "has it)" % (source, " / ".join(names)))
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelConfigError("%s: %s must be a non-negative integer, got %r" % (source, names[0], value))
+    return value
+
+
+def _hf_cache_snapshot(path: str) -> Optional[str]:
+    """For an HF cache repo folder (models--Org--Name), the snapshot that refs/main points at, else the newest."""
+    snapshots = os.path.join(path, "snapshots")
+    if not os.path.isdir(snapshots):
+        return None
+    ref_main = os.path.join(path, "refs", "main")
+    if os.path.isfile(ref_main):
+        with open(ref_main, "r", encoding="utf-8") as handle:
+            revision = handle.read().strip()
+        candidate = os.path.join(snapshots, revision)
+        if os.path.isfile(os.path.join(candidate, "config.json")):
+            return candidate
+    candidates = [os.path.join(snapshots, name) for name in os.listdir(snapshots)]
+    candidates = [c for c in candidates if os.path.isfile(os.path.join(c, "config.json"))]
+    if not candidates:
+        return None
+    return max(candidates, key=os.path.getmtime)
+
+
+def resolve_config_path(path: str) -> tuple:
+    """Return (config.json path, checkpoint directory) for a file, checkpoint dir, HF cache repo or snapshot."""
+    if not path:
+        raise ModelConfigError("model_config_path is empty: give a config.json, a checkpoint directory or an HF "
+                               "cache snapshot")
+    path = os.path.expanduser(path)
+    if os.path.isfile(path):
+        return path, os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        direct = os.path.join(path, "config.json")
+        if os.path.isfile(direct):
+            return direct, path
+        snapshot = _hf_cache_snapshot(path)
+        if snapshot:
+            return os.path.join(snapshot, "config.json"), snapshot
+        raise ModelConfigError("model_config_path %s is a directory without config.json (nor an HF cache repo "
+                               "folder with a snapshot holding one)" % path)
+    raise ModelConfigError("model_config_path %s does not exist" % path)
+
+
+def load_config_dict(path: str) -> tuple:
+    config_path, checkpoint_dir = resolve_config_path(path)
+    try:
+        with open(config_path, "r", encoding="utf-8") as handle:
+            cfg = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError("cannot read %s as JSON: %s" % (config_path, exc)) from None
+    if not isinstance(cfg, dict):
+        raise ModelConfigError("%s is not a JSON object" % config_path)
+    return cfg, config_path, checkpoint_dir
+
+
+def _language_config(cfg: dict) -> dict:
+    """The language-model part of a (possibly multimodal) config; top-level keys fill what it lacks."""
+    for key in ("text_config", "llm_config", "language_config"):
+        nested = cfg.get(key)
+        if isinstance(nested, dict) and nested:
+            merged = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config", "audio_config")}
+            merged.update(nested)
+            if "quantization_config" in cfg and "quantization_config" not in nested:
+                merged["quantization_config"] = cfg["quantization_config"]
+            return merged
+    return cfg
+
+
+def _quantization(cfg: dict) -> tuple:
+    """(quant_method, bits per quantized weight incl. scales, weight_block_size)."""
+    qcfg = cfg.get("quantization_config")
+    if not isinstance(qcfg, dict):
+        return None, 16.0, None
+    method = str(qcfg.get("quant_method", "")).lower() or None
+    block = qcfg.get("weight_block_size")
+    block = tuple(block) if isinstance(block, list) else None
+    if method in ("fp8", "fbgemm_fp8", "modelopt"):
+        return method, 8.0, block
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round"):
+        bits = float(qcfg.get("bits") or qcfg.get("w_bit") or 4)
+        group = int(qcfg.get("group_size") or qcfg.get("q_group_size") or 128)
+        # one fp16 scale and one packed zero point per group; group_size -1 means per output channel
+        overhead = 32.0 / group if group > 0 else 0.0
+        return method, bits + overhead, block
+    if method == "compressed-tensors":
+        bits = 8.0
+        for group_cfg in (qcfg.get("config_groups") or {}).values():
+            weights = group_cfg.get("weights") if isinstance(group_cfg, dict) else None
+            if isinstance(weights, dict) and weights.get("num_bits"):
+                bits = float(weights["num_bits"])
+                break
+        return method, bits, block
+    if method == "mxfp4":
+        return method, 4.25, block
+    if method == "bitsandbytes":
+        return method, 4.0 if qcfg.get("load_in_4bit") else 8.0, block
+    return method, 16.0, block
+
+
+def _non_uniform_reason(cfg: dict, model_type: str) -> str:
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and len(set(map(str, layer_types))) > 1:
+        return ("layers of several attention types (%s): vLLM sizes each type as its own KV-cache group"
+                % ", ".join(sorted(set(map(str, layer_types)))))
+    if model_type in NON_UNIFORM_MODEL_TYPES:
+        return "model_type %s mixes sliding-window / local / linear attention layers" % model_type
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
+        return "sliding_window %s is active: vLLM keeps only the window's KV for those layers" % cfg["sliding_window"]
+    return ""
+
+
+def _derived_max_model_len(cfg: dict, max_position_embeddings: int) -> tuple:
+    """vLLM's derived max length: max_position_embeddings, stretched by a rope scaling factor where vLLM does so."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return max_position_embeddings, None
+    rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+    # llama3 / longrope / mrope configs already state the long length in max_position_embeddings.
+    if rope_type in ("default", "llama3", "longrope", "su", "mrope") or "factor" not in rope:
+        return max_position_embeddings, None if rope_type == "default" else rope_type
+    base = max_position_embeddings
+    if rope_type == "yarn":
+        base = rope.get("original_max_position_embeddings") or max_position_embeddings
+    return int(base * float(rope["factor"])), rope_type
+
+
+def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
+    """Turn a config.json dict into a ModelShape, or raise ModelConfigError naming the missing/bad field."""
+    lm = _language_config(cfg)
+    model_type = str(lm.get("model_type") or cfg.get("model_type") or "unknown")
+    num_layers = _positive_int(lm, source, ("num_hidden_layers", "n_layer", "num_layers"))
+    heads = _positive_int(lm, source, ("num_attention_heads", "n_head", "num_heads"))
+    kv_heads = _positive_int(lm, source, ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num"),
+                             required=False, default=heads)
+    hidden = _positive_int(lm, source, ("hidden_size", "n_embd", "d_model"))
+    if num_layers == 0 or heads == 0 or kv_heads == 0:
+        raise ModelConfigError("%s: num_hidden_layers, num_attention_heads and num_key_value_heads must be > 0" % source)
+    head_dim = lm.get("head_dim")
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        head_dim = hidden // heads
+    max_pos = _positive_int(lm, source, ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                                         "max_sequence_length"), required=False, default=0)
+    if max_pos == 0:
+        raise ModelConfigError("%s has no max_position_embeddings: set max_model_len explicitly or use a complete "
+                               "config.json" % source)
+    derived, rope_type = _derived_max_model_len(lm, max_pos)
+    quant_method, bits, block = _quantization(lm)
+    num_experts = _positive_int(lm, source, ("num_experts", "n_routed_experts", "num_local_experts"), required=False)
+    moe_inter = _positive_int(lm, source, ("moe_intermediate_size",), required=False)
+    intermediate = _positive_int(lm, source, ("intermediate_size", "ffn_hidden_size", "n_inner"), required=False,
+                                 default=4 * hidden)
+    if num_experts and not moe_inter:
+        moe_inter = intermediate  # Mixtral spells the expert width intermediate_size
+    shared_inter = _positive_int(lm, source, ("shared_expert_intermediate_size",), required=False)
+    if not shared_inter and lm.get("n_shared_experts"):
+        shared_inter = int(lm["n_shared_experts"]) * moe_inter
+    dense_layers = _positive_int(lm, source, ("first_k_dense_replace",), required=False)
+    if num_experts and isinstance(lm.get("mlp_only_layers"), list):
+        dense_layers += len(lm["mlp_only_layers"])
+    kv_lora_rank = _positive_int(lm, source, ("kv_lora_rank",), required=False)
+    dtype = str(lm.get("torch_dtype") or lm.get("dtype") or "bfloat16")
+    return ModelShape(
+        source=source,
+        model_type=model_type,
+        num_layers=num_layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        vocab_size=_positive_int(lm, source, ("vocab_size",), required=False, default=32000),
+        max_position_embeddings=max_pos,
+        derived_max_model_len=derived,
+        rope_scaling_type=rope_type,
+        tie_word_embeddings=bool(lm.get("tie_word_embeddings", False)),
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=_positive_int(lm, source, ("qk_rope_head_dim",), required=False),
+        qk_nope_head_dim=_positive_int(lm, source, ("qk_nope_head_dim",), required=False),
+        v_head_dim=_positive_int(lm, source, ("v_head_dim",), required=False),
+        q_lora_rank=_positive_int(lm, source, ("q_lora_rank",), required=False),
+        num_experts=num_experts,
+        num_experts_per_tok=_positive_int(lm, source, ("num_experts_per_tok", "experts_per_token",
+                                                       "num_experts_per_token"), required=False),
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=shared_inter,
+        num_dense_layers=dense_layers,
+        quant_method=quant_method,
+        weight_bits=bits,
+        weight_block_size=block,
+        non_uniform_reason="" if kv_lora_rank else _non_uniform_reason(lm, model_type),
+        extra={"dtype_bytes": _DTYPE_BYTES.get(dtype, 2)},
+    )
+
+
+def _safetensors_header_bytes(path: str) -> int:
+    """Bytes of tensor data in one .safetensors file, from its JSON header only."""
+    with open(path, "rb") as handle:
+        raw = handle.read(8)
+        if len(raw) != 8:
+            raise ModelConfigError("%s is not a safetensors file (short header)" % path)
+        (header_len,) = struct.unpack("<Q", raw)
+        if header_len > 100 * 1024 * 1024:
+            raise ModelConfigError("%s: safetensors header of %d bytes is implausible" % (path, header_len))
+        header = json.loads(handle.read(header_len))
+    total = 0
+    for name, meta in header.items():
+        if name != "__metadata__" and isinstance(meta, dict):
+            start, end = meta["data_offsets"]
+            total += end - start
+    return total
+
+
+def checkpoint_weight_bytes(checkpoint_dir: str) -> Optional[int]:
+    """Total tensor bytes of the checkpoint's safetensors, or None when there are none to look at."""
+    index = os.path.join(checkpoint_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, "r", encoding="utf-8") as handle:
+                total = (json.load(handle).get("metadata") or {}).get("total_size")
+            if isinstance(total, int) and total > 0:
+                return total
+        except (OSError, ValueError):
+            pass
+    try:
+        names = sorted(n for n in os.listdir(checkpoint_dir) if n.endswith(".safetensors"))
+    except OSError:
+        return None
+    if not names:
+        return None
+    return sum(_safetensors_header_bytes(os.path.join(checkpoint_dir, n)) for n in names)
+
+
+def load_model_shape(path: str) -> ModelShape:
+    """Read a config.json (file, checkpoint dir, HF cache repo or snapshot) plus its safetensors size if present."""
+    cfg, config_path, checkpoint_dir = load_config_dict(path)
+    shape = parse_config(cfg, source=config_path)
+    weight_bytes = checkpoint_weight_bytes(checkpoint_dir)
+    if weight_bytes is None:
+        return shape
+    values = dict(shape.__dict__)
+    values["checkpoint_bytes"] = weight_bytes
+    return ModelShape(**values)

@@ -1,0 +1,240 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KV arithmetic, version-aware budget, vLLM constraint messages and suggestions."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from ansible_collections.onprem.vllm.plugins.module_utils import kv_cache as kc
+from ansible_collections.onprem.vllm.plugins.module_utils.model_config import load_model_shape, parse_config
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "models")
+GIB = kc.GIB
+
+
+def shape(name):
+    return load_model_shape(os.path.join(FIXTURES, name))
+
+
+def per_token(name, tp=1, pp=1, dtype="auto"):
+    s = shape(name)
+    layers = max(kc.layers_per_stage(s.num_layers, pp))
+    return kc.kv_bytes_per_token_per_layer(s, tp, dtype) * layers
+
+
+def run(name=None, model=None, **kw):
+    return kc.plan(kc.PlanRequest(shape=model or shape(name), **kw))
+
+
+# --- bytes per token -----------------------------------------------------------------------------------------
+
+def test_qwen3_30b_a3b_is_96_kib_per_token_not_0_8_mb():
+    assert per_token("Qwen3-30B-A3B") == 48 * 4 * 128 * 2 * 2 == 96 * 1024
+    assert per_token("Qwen3-30B-A3B", tp=2) == 48 * 1024
+
+
+def test_qwen3_dense_and_llama():
+    assert per_token("Qwen3-8B") == 36 * 8 * 128 * 2 * 2
+    assert per_token("Qwen3-0.6B", tp=2) == 28 * 4 * 128 * 2 * 2
+    assert per_token("Llama-3.1-8B-Instruct", tp=4) == 32 * 2 * 128 * 2 * 2
+    assert per_token("Llama-3.1-70B-Instruct", tp=8) == 80 * 1 * 128 * 2 * 2
+
+
+def test_kv_heads_are_replicated_when_fewer_than_tp():
+    # 4 KV heads at TP8: every rank keeps one head, so the per-GPU cost stops shrinking at TP4
+    assert per_token("Qwen3-30B-A3B", tp=8) == per_token("Qwen3-30B-A3B", tp=4) == 48 * 1 * 128 * 2 * 2
+
+
+def test_fp8_kv_halves():
+    assert per_token("Qwen3-8B", dtype="fp8") == per_token("Qwen3-8B") // 2
+    assert per_token("Qwen3-8B", dtype="fp8_e5m2") == 36 * 8 * 128 * 2
+
+
+def test_mla_is_one_latent_head_not_split_by_tp():
+    assert per_token("DeepSeek-V3") == 61 * (512 + 64) * 2
+    assert per_token("DeepSeek-V3", tp=8) == per_token("DeepSeek-V3")
+
+
+def test_vl_uses_text_config():
+    assert per_token("Qwen3-VL-8B-Instruct") == 36 * 8 * 128 * 2 * 2
+
+
+def test_pipeline_stages_follow_vllm_split():
+    assert kc.layers_per_stage(94, 4) == [23, 24, 24, 23]
+    assert kc.layers_per_stage(48, 2) == [24, 24]
+    assert per_token("Qwen3-235B-A22B", tp=4, pp=4) == 24 * 1 * 128 * 2 * 2
+
+
+# --- blocks from a known available memory (exact) ------------------------------------------------------------
+
+def test_blocks_tokens_and_concurrency_from_given_memory():
+    result = run("Qwen3-8B", available_kv_cache_bytes=10 * GIB, max_model_len=32768)
+    page_all_layers = 36 * 8 * 128 * 2 * 2 * 16
+    assert result.num_gpu_blocks == 10 * GIB // page_all_layers == 4551
+    assert result.kv_cache_tokens == 4551 * 16
+    assert result.max_concurrency == round(4551 / 2048, 2)
+    assert result.fits
+
+
+def test_block_rounding_drops_the_partial_block():
+    page = 28 * 8 * 128 * 2 * 2 * 16
+    result = run("Qwen3-0.6B", available_kv_cache_bytes=3 * page - 1, max_model_len=16)
+    assert result.num_gpu_blocks == 2
+
+
+def test_cpu_backend_matches_the_lab_fact():
+    tiny = parse_config({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                         "hidden_size": 256, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"})
+    result = kc.plan(kc.PlanRequest(shape=tiny, device="cpu", cpu_kv_cache_space_bytes=GIB))
+    assert result.kv_cache_tokens == 1048576
+    assert result.fits
+
+
+# --- version-aware budget ------------------------------------------------------------------------------------
+
+def test_default_utilization_and_cudagraph_by_version():
+    before = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.19.1")
+    after = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="v0.20.0")
+    eager = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.20.0", enforce_eager=True)
+    assert before.gpu_memory_utilization == 0.9 and before.cudagraph_bytes == 0
+    assert after.gpu_memory_utilization == 0.92 and after.cudagraph_bytes > 0
+    assert eager.cudagraph_bytes == 0
+    assert after.budget_bytes - before.budget_bytes == pytest.approx(0.02 * 80 * GIB, abs=2)
+
+
+def test_non_torch_grows_with_tp_and_activation_with_batched_tokens():
+    assert kc.non_torch_bytes(1, 1) < kc.non_torch_bytes(2, 1) < kc.non_torch_bytes(4, 1) < kc.non_torch_bytes(8, 1)
+    s = shape("Qwen3-8B")
+    assert kc.activation_peak_bytes(s, 1, 8192, 256) > kc.activation_peak_bytes(s, 1, 2048, 256)
+
+
+def test_budget_accounting_adds_up():
+    result = run("Qwen3-8B", gpu_memory_bytes=24 * GIB, weights_bytes_per_gpu=int(15.3 * GIB), vllm_version="0.11.0")
+    non_kv = result.weights_bytes_per_gpu + result.activation_peak_bytes + result.non_torch_bytes
+    assert result.available_kv_cache_bytes == result.budget_bytes - non_kv
+
+
+def test_weights_estimate_is_close_to_checkpoint_sizes():
+    # published checkpoint sizes (safetensors total_size): Qwen3-8B 16.38 GB, Llama-3.1-8B 16.06 GB
+    assert kc.estimate_weights_bytes(shape("Qwen3-8B")) == pytest.approx(16.38e9, rel=0.03)
+    assert kc.estimate_weights_bytes(shape("Llama-3.1-8B-Instruct")) == pytest.approx(16.06e9, rel=0.03)
+    assert kc.estimate_weights_bytes(shape("Qwen3-30B-A3B")) == pytest.approx(61.1e9, rel=0.03)
+
+
+# --- constraints ---------------------------------------------------------------------------------------------
+
+def test_tp3_fails_for_qwen3_with_vllm_wording():
+    result = run("Qwen3-8B", gpu_memory_bytes=48 * GIB, tensor_parallel_size=3)
+    assert not result.fits
+    assert "Total number of attention heads (32) must be divisible by tensor parallel size (3)." in result.reasons
+
+
+def test_block_fp8_moe_tp4_fails_tp2_works():
+    tp4 = run("Qwen3-30B-A3B-FP8", gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0")
+    tp2 = run("Qwen3-30B-A3B-FP8", gpu_memory_bytes=24 * GIB, tensor_parallel_size=2, vllm_version="0.11.0",
+              max_model_len=8192)
+    assert any("weight = 192 is not divisible by weight quantization block_n = 128" in r for r in tp4.reasons)
+    assert tp4.suggestions.get("tensor_parallel_size") == 2
+    assert tp4.suggestions.get("enable_expert_parallel") is True
+    assert tp2.fits, tp2.reasons
+
+
+def test_block_fp8_moe_expert_parallel_or_new_vllm_is_fine():
+    with_ep = run("Qwen3-30B-A3B-FP8", gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0",
+                  enable_expert_parallel=True)
+    new = run("Qwen3-30B-A3B-FP8", gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.33.0")
+    for result in (with_ep, new):
+        assert not any("block_n" in r for r in result.reasons)
+
+
+def test_qwen3_235b_fp8_tp8_needs_expert_parallel():
+    cfg = dict(shape("Qwen3-235B-A22B").__dict__)
+    cfg.update(quant_method="fp8", weight_bits=8.0, weight_block_size=(128, 128))
+    model = type(shape("Qwen3-235B-A22B"))(**cfg)
+    assert not any("block_n" in r for r in kc.constraint_reasons(
+        kc.PlanRequest(shape=model), 4, (0, 11, 0)))
+    assert any("weight = 192" in r for r in kc.constraint_reasons(kc.PlanRequest(shape=model), 8, (0, 11, 0)))
+
+
+def test_max_model_len_beyond_config_needs_override():
+    too_long = run("Qwen3-8B", available_kv_cache_bytes=40 * GIB, max_model_len=65536)
+    allowed = run("Qwen3-8B", available_kv_cache_bytes=40 * GIB, max_model_len=65536, allow_long_max_model_len=True)
+    assert any("User-specified max_model_len (65536) is greater than the derived max_model_len" in r
+               for r in too_long.reasons)
+    assert allowed.fits
+
+
+def test_one_request_must_fit_and_suggestion_is_the_estimate():
+    result = run("Llama-3.1-8B-Instruct", available_kv_cache_bytes=4 * GIB)
+    assert not result.fits
+    message = result.reasons[0]
+    assert message.startswith("To serve at least one request with the model's max seq len (131072), (16.00 GiB KV")
+    assert "the estimated maximum model length is 32768" in message
+    assert result.suggestions["max_model_len"] == 32768
+    assert run("Llama-3.1-8B-Instruct", available_kv_cache_bytes=4 * GIB, max_model_len=32768).fits
+
+
+def test_no_memory_left_uses_vllm_wording():
+    result = run("Qwen3-8B", gpu_memory_bytes=16 * GIB, weights_bytes_per_gpu=15 * GIB, vllm_version="0.11.0")
+    assert any(r.startswith("No available memory for the cache blocks.") for r in result.reasons)
+
+
+def test_min_concurrency_and_fp8_suggestion():
+    result = run("Qwen3-8B", gpu_memory_bytes=24 * GIB, weights_bytes_per_gpu=int(15.3 * GIB),
+                 vllm_version="0.11.0", max_model_len=32768, min_concurrency=2)
+    assert not result.fits
+    assert any("below min_concurrency 2" in r for r in result.reasons)
+    assert result.suggestions["max_model_len"] == result.num_gpu_blocks // 2 * 16
+    assert result.suggestions["kv_cache_dtype"] == "fp8"
+
+
+def test_utilization_suggestion_fixes_the_misfit():
+    request = dict(gpu_memory_bytes=24 * GIB, weights_bytes_per_gpu=int(15.3 * GIB), vllm_version="0.11.0",
+                   max_model_len=40960, gpu_memory_utilization=0.8)
+    result = run("Qwen3-8B", **request)
+    assert not result.fits
+    request["gpu_memory_utilization"] = result.suggestions["gpu_memory_utilization"]
+    assert run("Qwen3-8B", **request).fits
+
+
+def test_co_located_instances_must_sum_below_one():
+    result = run("Qwen3-0.6B", gpu_memory_bytes=24 * GIB, gpu_memory_utilization=0.5, co_located_utilizations=[0.5])
+    assert any(">= 1.0" in r for r in result.reasons)
+
+
+def test_sliding_window_model_is_not_guessed():
+    result = run("gpt-oss-20b", gpu_memory_bytes=80 * GIB)
+    assert not result.covered and not result.fits
+    assert result.reasons[0].startswith("Not predicted:")
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value,match", [
+    ("gpu_memory_utilization", 1.5, "gpu_memory_utilization must be in"),
+    ("gpu_memory_utilization", 0, "gpu_memory_utilization must be in"),
+    ("gpu_memory_bytes", -1, "gpu_memory_bytes must be >= 1"),
+    ("tensor_parallel_size", 2.5, "tensor_parallel_size must be an integer"),
+    ("kv_cache_dtype", "int4", "kv_cache_dtype 'int4' is not one of"),
+    ("vllm_version", "latest", "vllm_version 'latest' is not a version"),
+])
+def test_bad_input_names_the_field(field, value, match):
+    request = dict(gpu_memory_bytes=24 * GIB)
+    request[field] = value
+    with pytest.raises(kc.PlanInputError, match=match):
+        run("Qwen3-8B", **request)
+
+
+def test_gpu_memory_required_on_cuda():
+    with pytest.raises(kc.PlanInputError, match="gpu_memory_bytes is required"):
+        run("Qwen3-8B")
+
+
+def test_one_evaluation_is_fast():
+    model = shape("Qwen3-30B-A3B-FP8")
+    start = time.perf_counter()
+    for _ in range(200):
+        kc.plan(kc.PlanRequest(shape=model, gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0"))
+    assert (time.perf_counter() - start) / 200 < 0.020

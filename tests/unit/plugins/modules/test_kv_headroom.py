@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The module wiring: facts out, fail_json with the suggestion on a misfit, clear messages on bad input."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.onprem.vllm.plugins.modules import kv_headroom
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "models")
+GIB = 1 << 30
+
+
+def call(capsys, **args):
+    with patch_module_args(args), pytest.raises(SystemExit) as exited:
+        kv_headroom.main()
+    return exited.value.code, json.loads(capsys.readouterr().out)
+
+
+def test_fits_returns_the_facts(capsys):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+                   max_model_len=32768, vllm_version="0.11.0", _ansible_check_mode=True)
+    assert rc == 0 and out["fits"] and not out["changed"]
+    for key in ("kv_bytes_per_token", "weights_bytes_per_gpu", "available_kv_cache_bytes", "num_gpu_blocks",
+                "kv_cache_tokens", "max_concurrency", "reasons", "suggestions"):
+        assert key in out
+    assert out["kv_cache_tokens"] == out["num_gpu_blocks"] * 16
+
+
+def test_misfit_fails_with_suggestion_and_facts(capsys):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"),
+                   gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0")
+    assert rc == 1 and out["failed"]
+    assert "is not divisible by weight quantization block_n = 128" in out["msg"]
+    assert "tensor_parallel_size=2" in out["msg"]
+    assert out["fits"] is False and out["num_gpu_blocks"] > 0
+
+
+def test_misfit_reported_without_failing(capsys):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Llama-3.1-8B-Instruct"),
+                   available_kv_cache_bytes=4 * GIB, fail_on_misfit=False)
+    assert rc == 0 and out["fits"] is False
+    assert out["suggestions"]["max_model_len"] == 32768
+
+
+def test_gpu_memory_from_topology_facts(capsys):
+    topology = {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "memory_total_bytes": 25757220864,
+                          "memory_reserved_bytes": 333447168},
+                         {"index": 1, "name": "NVIDIA GeForce RTX 4090", "memory_total_bytes": 25757220864,
+                          "memory_reserved_bytes": 333447168}]}
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"), gpu_topology=topology,
+                   tensor_parallel_size=2, max_model_len=16384, vllm_version="0.11.0")
+    assert rc == 0, out
+    assert out["gpu_memory_utilization"] == 0.9
+
+
+def test_cpu_lab_mode_without_gpu_memory(capsys):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-0.6B"), device="cpu",
+                   cpu_kv_cache_space_bytes=GIB, max_model_len=4096)
+    assert rc == 0
+    assert out["kv_cache_tokens"] == GIB // (28 * 8 * 128 * 2 * 2 * 16) * 16
+
+
+@pytest.mark.parametrize("args,match", [
+    ({"gpu_memory_bytes": -5}, "gpu_memory_bytes must be >= 1"),
+    ({"gpu_memory_bytes": GIB, "gpu_memory_utilization": 1.2}, "gpu_memory_utilization must be in"),
+    ({"gpu_memory_bytes": GIB, "kv_cache_dtype": "int8"}, "kv_cache_dtype"),
+    ({"gpu_memory_bytes": GIB, "tensor_parallel_size": "2.5"}, "tensor_parallel_size"),
+    ({}, "gpu_memory_bytes is required"),
+])
+def test_bad_input_is_a_message_not_a_traceback(capsys, args, match):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), **args)
+    assert rc == 1 and match in out["msg"]
+    assert "Traceback" not in out["msg"]
+
+
+def test_config_missing_heads(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64,
+                                                      "max_position_embeddings": 128}))
+    rc, out = call(capsys, model_config_path=str(tmp_path), gpu_memory_bytes=GIB)
+    assert rc == 1 and "num_attention_heads" in out["msg"]
