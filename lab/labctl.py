@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The embedded lab: real Debian 12 "workstations" (systemd + their own Docker engine) as containers on this machine.
 
 Built without any registry: the base image comes from Debian's packages (mmdebstrap + docker import) and is cached by
@@ -93,7 +92,7 @@ def debian_mirror() -> str:
 
 def image_recipe(mirror: str, ca_bundle: Path | None) -> dict:
     recipe = {"suite": "bookworm", "variant": "minbase", "packages": BASE_PACKAGES, "mirror": mirror,
-              "recipe_version": 2}
+              "recipe_version": 4}
     if ca_bundle:
         recipe["ca_bundle_sha256"] = hashlib.sha256(ca_bundle.read_bytes()).hexdigest()
     return recipe
@@ -132,13 +131,16 @@ def build_image(ca_bundle: Path | None) -> str:
         if ca_bundle:
             hooks.append(f'cp {ca_bundle} "$1/usr/local/share/ca-certificates/lab-extra.crt" && '
                          'chroot "$1" update-ca-certificates')
-        cmd = ["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}"]
+        # Keep the apt lists: with an empty lists folder, Ansible's apt cache_valid_time sees a "fresh" cache.
+        cmd = ["mmdebstrap", "--variant=minbase", "--skip=cleanup/apt/lists", f"--include={','.join(BASE_PACKAGES)}"]
         cmd += [f"--customize-hook={hook}" for hook in hooks]
         cmd += ["bookworm", str(rootfs), mirror]
         proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
         if proc.returncode != 0:
             raise LabError(f"mmdebstrap failed (mirror {mirror}): {proc.stderr.strip().splitlines()[-3:]}")
-        changes = [f"LABEL {LAB_LABEL}=1", f"LABEL {LAB_LABEL}.recipe={tag.split(':')[1]}",
+        # The lab label goes on containers at `docker run`, not on the image: images built FROM this one would pass it
+        # on to their containers, and `down` would then remove containers the lab did not create.
+        changes = [f"LABEL {LAB_LABEL}.base-recipe={tag.split(':')[1]}",
                    'CMD ["/lib/systemd/systemd"]', "ENV container=docker"]
         import_args = ["import"]
         for change in changes:
