@@ -23,6 +23,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,12 +51,18 @@ from vllm_wizard.schemas.inputs import PlanRequest, ModelInput, HardwareInput, P
 out = []
 for row in json.load(sys.stdin):
     try:
-        meta = load_model_metadata(row["model"])
+        try:
+            meta = load_model_metadata(row["model"])
+            model = row["model"]
+        except ValueError:
+            # not in its table of known sizes: give it the config.json directory, as its CLI allows
+            meta = load_model_metadata(row["path"])
+            model = row["path"]
         per_token = compute_kv_cache_memory(meta, context_len=1, concurrency=1)
         result = {"per_token_bytes": per_token}
         if row.get("total_gb"):
             req = PlanRequest(
-                model=ModelInput(model=row["model"], max_model_len=row["max_model_len"]),
+                model=ModelInput(model=model, max_model_len=row["max_model_len"]),
                 hardware=HardwareInput(gpu=row["gpu"], gpus=row["tp"], vram_gb=row["total_gb"],
                                        tensor_parallel_size=row["tp"]),
                 policy=PolicyInput(gpu_memory_utilization=row["util"]),
@@ -145,9 +152,17 @@ def run_wizard(rows, wizard_python):
     if not wizard_python or not os.path.exists(wizard_python):
         return None
     payload = []
+    config_dirs = tempfile.mkdtemp(prefix="kv_accuracy_")
     for row in rows:
         total = row.get("total_memory_gib")
-        payload.append({"model": row["model"], "gpu": row.get("gpu") or "Unknown GPU",
+        if row.get("fixture"):
+            path = os.path.join(FIXTURES, row["fixture"])
+        else:
+            path = os.path.join(config_dirs, row["id"])
+            os.makedirs(path)
+            with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as handle:
+                json.dump(row["config"], handle)
+        payload.append({"model": row["model"], "path": path, "gpu": row.get("gpu") or "Unknown GPU",
                         "tp": row.get("tensor_parallel_size") or 1, "max_model_len": row.get("max_model_len"),
                         "util": row.get("gpu_memory_utilization") or 0.9,
                         # its --vram-gb is read as GiB x 1024 MiB
