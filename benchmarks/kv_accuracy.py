@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Accuracy benchmark of onprem.vllm.kv_headroom against real vLLM startup logs.
 
@@ -182,8 +181,8 @@ def summarize(label, errors):
     if not errors:
         return "%s: no rows" % label
     absolute = [abs(e) for e in errors]
-    return "%s: n=%d median %.2f%% worst %.2f%%" % (label, len(errors), 100 * statistics.median(absolute),
-                                                   100 * max(absolute))
+    return "%s: n=%d median %.2f%% worst %.2f%%" % (
+        label, len(errors), 100 * statistics.median(absolute), 100 * max(absolute))
 
 
 def benchmark(wizard_python):
@@ -267,7 +266,7 @@ def speed(runs=2000):
     request = kc.PlanRequest(shape=shape, gpu_memory_bytes=24 * GIB, tensor_parallel_size=2, max_model_len=32768,
                              min_concurrency=4)
     samples = []
-    for _ in range(runs):
+    for _run in range(runs):
         start = time.perf_counter()
         kc.plan(request)
         samples.append(time.perf_counter() - start)

@@ -464,7 +464,7 @@ def _needed_blocks(req: PlanRequest, max_len: int) -> int:
 
 
 def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, need_blocks: int) -> bool:
-    available, _parts = _available_for(req, tp, util, version)
+    available = _available_for(req, tp, util, version)[0]
     page = kv_bytes_per_token_per_layer(req.shape, tp, req.kv_cache_dtype) * req.block_size
     return blocks_for(available, page, layers) >= need_blocks
 
@@ -476,8 +476,10 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, page: int, layers: i
     bs = req.block_size
     out: dict = {}
     usable_blocks = int(result.num_gpu_blocks // (req.min_concurrency or 1))
-    longest = shape.derived_max_model_len if not req.allow_long_max_model_len else max(result.max_model_len,
-                                                                                        usable_blocks * bs)
+    if req.allow_long_max_model_len:
+        longest = max(result.max_model_len, usable_blocks * bs)
+    else:
+        longest = shape.derived_max_model_len
     out["max_model_len"] = min(usable_blocks * bs, longest)
     if result.fits or result.budget_bytes is None:
         return out

@@ -1,6 +1,5 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: onprem.vllm contributors
 # SPDX-License-Identifier: Apache-2.0
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ module: kv_headroom
 short_description: Predict vLLM's KV-cache size and concurrency on a host before rollout
 version_added: 0.1.0
 author:
-  - onprem.vllm contributors
+  - onprem.vllm contributors (@onprem)
 description:
   - Reads the planned model's C(config.json) and predicts, per GPU worker, how much memory vLLM will give the KV
     cache, how many blocks and tokens that makes, and how many full-length requests it serves at once.
@@ -323,7 +322,7 @@ def main():
             max_model_len=dict(type="int"),
             kv_cache_dtype=dict(type="str", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"], default="auto"),
             block_size=dict(type="int", default=16),
-            max_num_batched_tokens=dict(type="int"),
+            max_num_batched_tokens=dict(type="int", no_log=False),
             max_num_seqs=dict(type="int"),
             vllm_version=dict(type="str", default=DEFAULT_VLLM_VERSION),
             enforce_eager=dict(type="bool", default=False),

@@ -235,6 +235,6 @@ def test_gpu_memory_required_on_cuda():
 def test_one_evaluation_is_fast():
     model = shape("Qwen3-30B-A3B-FP8")
     start = time.perf_counter()
-    for _ in range(200):
+    for _run in range(200):
         kc.plan(kc.PlanRequest(shape=model, gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0"))
     assert (time.perf_counter() - start) / 200 < 0.020

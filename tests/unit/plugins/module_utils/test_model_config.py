@@ -110,8 +110,8 @@ def test_safetensors_headers_are_summed(tmp_path):
 
 
 def test_index_total_size_wins(tmp_path):
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 123456},
-                                                                        "weight_map": {}}))
+    index = {"metadata": {"total_size": 123456}, "weight_map": {}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     _write_safetensors(tmp_path / "model.safetensors", {"a": 10})
     assert checkpoint_weight_bytes(str(tmp_path)) == 123456
 
