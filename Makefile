@@ -1,0 +1,59 @@
+# The two README commands are `make site` and `make test`; everything else here is what they are made of.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+VENV := .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_FORCE_COLOR ?= false
+LAB_WORKSTATIONS ?= 2
+
+.PHONY: site test venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy clean
+
+## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
+site: lab
+	ansible-playbook site.yml -i inventories/lab
+
+## test: the whole test suite (lint, sanity, unit, molecule on lab workstations)
+test: venv
+	@tools/timed.sh lint $(MAKE) --no-print-directory lint
+	@tools/timed.sh sanity $(MAKE) --no-print-directory sanity
+	@tools/timed.sh unit $(MAKE) --no-print-directory unit
+	@tools/timed.sh molecule $(MAKE) --no-print-directory molecule
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt
+	test -x $(VENV)/bin/python || "$$(tools/find-python.sh)" -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+lab: venv
+	python3 lab/labctl.py up --workstations $(LAB_WORKSTATIONS)
+	python3 lab/build_artifacts.py
+
+artifacts:
+	python3 lab/build_artifacts.py
+
+lab-down:
+	python3 lab/labctl.py down
+
+lint: venv
+	tools/lint.sh
+
+sanity: venv
+	tools/sanity.sh
+
+unit: venv
+	pytest tests/unit -q
+
+molecule: venv
+	python3 lab/labctl.py image
+	python3 lab/build_artifacts.py
+	molecule test --all
+
+bench-kv: venv
+	python benchmarks/kv_accuracy.py
+
+bench-gpu: venv
+	python benchmarks/gpu_modules_speed.py
+
+clean: lab-down
+	rm -rf .cache tests/output
