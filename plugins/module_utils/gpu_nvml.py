@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 
 from ansible_collections.onprem.vllm.plugins.module_utils.gpu_smi import (
     detect_nvswitch,
@@ -83,7 +84,15 @@ def read_sysfs_numa_node(bus_id, host_root="/"):
             value = int(handle.read().strip())
     except (OSError, ValueError):
         return None
-    return value if value >= 0 else None
+    if value >= 0:
+        return value
+    # -1: the platform has no NUMA information for the device. With a single NUMA node (VMs, one-socket desktops)
+    # nvidia-smi topo -m reports node 0; do the same so both backends agree.
+    try:
+        nodes = [n for n in os.listdir(os.path.join(host_root, "sys/devices/system/node")) if re.match(r"^node\d+$", n)]
+    except OSError:
+        return None
+    return int(nodes[0][4:]) if len(nodes) == 1 else None
 
 
 def _process_name(pid):

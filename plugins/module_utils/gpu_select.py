@@ -194,8 +194,11 @@ def derive_nccl_env(topology, indices, p2p_risks=None):
         disable_car = True
         reasons.append("custom all-reduce off: world size %d is not one of %s" % (
             len(indices), ", ".join(str(s) for s in CUSTOM_ALL_REDUCE_WORLD_SIZES)))
+    elif unknown:
+        reasons.append("custom all-reduce left on: %d GPUs %s, P2P not reported; vLLM tests P2P at start and turns "
+                       "it off itself when P2P fails" % (len(indices), "on NVLink" if all_nvlink else "on PCIe"))
     else:
-        reasons.append("custom all-reduce on: %d GPUs %s with P2P" % (len(indices), "on NVLink" if all_nvlink else "on PCIe"))
+        reasons.append("custom all-reduce on: %d GPUs %s with P2P OK" % (len(indices), "on NVLink" if all_nvlink else "on PCIe"))
     return {"env": env, "disable_custom_all_reduce": disable_car, "reasons": reasons}
 
 
