@@ -1,0 +1,90 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Render `vllm serve` arguments for a pinned vLLM version (pure; used by the vllm_args filter and its tests).
+
+Only flags whose spelling or meaning changed across releases need version logic; everything else is passed as given.
+"""
+from __future__ import annotations
+
+import re
+
+# Request logging: 0.10 turned it off by default (`--enable-log-requests` turns it on); `--disable-log-requests`
+# was deprecated then and removed by 0.20 ("unrecognized arguments"). Before 0.10 we must pass it to keep
+# prompts out of the logs.
+REQUEST_LOGGING_OFF_BY_DEFAULT = (0, 10, 0)
+# BooleanOptionalAction (`--no-enable-prefix-caching`) arrived with the V1 engine's defaults (prefix caching and
+# chunked prefill on by default).
+BOOLEAN_OPTIONAL_FLAGS = (0, 8, 0)
+
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+
+class VllmArgsError(ValueError):
+    """A setting that cannot be rendered; the message names it."""
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """'v0.32.0', '0.32.0', 'v0.32.0-lab2' → (0, 32, 0)."""
+    match = _VERSION_RE.match(str(version).strip())
+    if not match:
+        raise VllmArgsError(f"vllm version {version!r} is not of the form vX.Y.Z (pin an image tag like v0.32.0)")
+    return tuple(int(part) for part in match.groups())  # type: ignore[return-value]
+
+
+def _bool_flag(name: str, value: bool | None, version: tuple[int, int, int]) -> list[str]:
+    if value is None:
+        return []
+    if value:
+        return [f"--{name}"]
+    if version >= BOOLEAN_OPTIONAL_FLAGS:
+        return [f"--no-{name}"]
+    return []  # older releases: off is the default and has no flag
+
+
+def render_serve_args(settings: dict, version: str) -> list[str]:
+    """Turn the vllm_server role's settings into the container's argument list.
+
+    settings keys (None or missing = leave vLLM's default): model (required), revision, served_model_name, port,
+    tensor_parallel_size, pipeline_parallel_size, max_model_len, gpu_memory_utilization, max_num_batched_tokens,
+    max_num_seqs, kv_cache_dtype, enable_chunked_prefill, enable_prefix_caching, enable_expert_parallel,
+    disable_custom_all_reduce, extra_args (list, appended last).
+    """
+    parsed = parse_version(version)
+    model = settings.get("model")
+    if not model:
+        raise VllmArgsError("model is required (an HF repo id such as Qwen/Qwen3-30B-A3B-FP8, or a path)")
+    # --model works with both the `vllm serve` entrypoint (0.8+) and the older api_server entrypoint.
+    args = ["--model", str(model)]
+    valued = [
+        ("revision", "--revision"),
+        ("served_model_name", "--served-model-name"),
+        ("port", "--port"),
+        ("tensor_parallel_size", "--tensor-parallel-size"),
+        ("pipeline_parallel_size", "--pipeline-parallel-size"),
+        ("max_model_len", "--max-model-len"),
+        ("gpu_memory_utilization", "--gpu-memory-utilization"),
+        ("max_num_batched_tokens", "--max-num-batched-tokens"),
+        ("max_num_seqs", "--max-num-seqs"),
+    ]
+    for key, flag in valued:
+        value = settings.get(key)
+        if value is not None and value != "":
+            args += [flag, str(value)]
+    kv_dtype = settings.get("kv_cache_dtype")
+    if kv_dtype and kv_dtype != "auto":
+        args += ["--kv-cache-dtype", str(kv_dtype)]
+    args += _bool_flag("enable-chunked-prefill", settings.get("enable_chunked_prefill"), parsed)
+    args += _bool_flag("enable-prefix-caching", settings.get("enable_prefix_caching"), parsed)
+    if settings.get("enable_expert_parallel"):
+        args.append("--enable-expert-parallel")
+    if settings.get("disable_custom_all_reduce"):
+        args.append("--disable-custom-all-reduce")
+    if parsed < REQUEST_LOGGING_OFF_BY_DEFAULT:
+        args.append("--disable-log-requests")
+    extra = list(settings.get("extra_args") or [])
+    if "--disable-log-requests" in extra and parsed >= (0, 20, 0):
+        raise VllmArgsError("extra_args has --disable-log-requests, which vLLM removed in 0.20 (request logging is "
+                            "off by default; drop the flag)")
+    if any(str(arg).startswith("--api-key") for arg in extra):
+        raise VllmArgsError("extra_args must not carry --api-key: process arguments are visible to every user of the "
+                            "host; set vllm_server_api_key (from Vault) instead")
+    return args + [str(arg) for arg in extra]

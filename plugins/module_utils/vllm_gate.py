@@ -1,0 +1,173 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The vLLM health gate, step by step: container healthy → /health → /v1/models → one-token completion → /metrics.
+
+`/health` can pass before the model is servable, so the gate only trusts a real completion. Pure logic: HTTP and the
+container probe are injected, so the same code runs in the module, in tests and from a benchmark.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+REQUIRED_METRIC = "vllm:kv_cache_usage_perc"
+STEPS = ("container", "health", "models", "completion", "metrics")
+
+
+@dataclass
+class Response:
+    status: int
+    body: str
+
+
+@dataclass
+class GateConfig:
+    served_model_name: str
+    api_key: str = ""
+    timeout: float = 900.0
+    poll_interval: float = 2.0
+    required_metrics: tuple = (REQUIRED_METRIC,)
+    prompt: str = "Say OK."
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    failed_step: str = ""
+    message: str = ""
+    last_response: str = ""
+    step_seconds: dict = field(default_factory=dict)
+    completion: dict = field(default_factory=dict)
+
+
+class StepNotReady(Exception):
+    """The step has not passed yet; the text says what was seen."""
+
+
+class StepBroken(Exception):
+    """The step can never pass (e.g. the container exited): stop polling."""
+
+
+def _short(text: str, limit: int = 400) -> str:
+    text = text.strip().replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def check_container(state: dict | None) -> None:
+    """state: `docker inspect` .State, or None when the container does not exist."""
+    if state is None:
+        raise StepBroken("the container does not exist")
+    if not state.get("Running"):
+        raise StepBroken(f"the container is not running (status {state.get('Status')}, exit code "
+                         f"{state.get('ExitCode')}{', OOM-killed' if state.get('OOMKilled') else ''})")
+    health = (state.get("Health") or {}).get("Status")
+    if health == "unhealthy":
+        raise StepBroken("Docker reports the container unhealthy")
+    if health not in (None, "healthy"):  # None: no healthcheck configured, the HTTP steps decide
+        raise StepNotReady(f"container health is {health}")
+
+
+def check_health(resp: Response) -> None:
+    if resp.status != 200:
+        raise StepNotReady(f"/health answered HTTP {resp.status}")
+
+
+def check_models(resp: Response, served_model_name: str) -> None:
+    if resp.status != 200:
+        raise StepNotReady(f"/v1/models answered HTTP {resp.status}")
+    try:
+        ids = [entry["id"] for entry in json.loads(resp.body)["data"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StepNotReady(f"/v1/models answered something that is not a model list ({exc})") from exc
+    if served_model_name not in ids:
+        raise StepBroken(f"served model {served_model_name!r} is not among {ids}: check vllm_server_served_model_name")
+
+
+def check_completion(resp: Response) -> dict:
+    if resp.status in (401, 403):
+        raise StepBroken(f"the completion was refused with HTTP {resp.status}: the API key does not match the server's")
+    if resp.status != 200:
+        raise StepNotReady(f"the completion answered HTTP {resp.status}")
+    try:
+        body = json.loads(resp.body)
+        usage = body["usage"]
+        text = body["choices"][0]["message"].get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise StepNotReady(f"the completion answer is not a chat completion ({exc})") from exc
+    if usage.get("completion_tokens", 0) < 1:
+        raise StepNotReady("the completion produced no token")
+    return {"text": text, "usage": usage}
+
+
+def check_metrics(resp: Response, required: tuple) -> None:
+    if resp.status != 200:
+        raise StepNotReady(f"/metrics answered HTTP {resp.status}")
+    names = {line.split("{")[0].split(" ")[0] for line in resp.body.splitlines() if line and not line.startswith("#")}
+    missing = [name for name in required if name not in names]
+    if missing:
+        raise StepNotReady(f"/metrics lacks {', '.join(missing)}")
+
+
+def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Response],
+             container_state: Callable[[], dict | None] | None,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> GateResult:
+    """http(method, path, json_body) → Response (raises OSError when nothing answers)."""
+    result = GateResult(passed=False)
+    deadline = clock() + config.timeout
+    completion_request = {"model": config.served_model_name, "max_tokens": 1, "temperature": 0,
+                          "messages": [{"role": "user", "content": config.prompt}]}
+
+    def probe(step: str) -> None:
+        if step == "container":
+            if container_state is not None:
+                check_container(container_state())
+            return
+        if step == "health":
+            resp = http("GET", "/health", None)
+        elif step == "models":
+            resp = http("GET", "/v1/models", None)
+        elif step == "completion":
+            resp = http("POST", "/v1/chat/completions", completion_request)
+        else:
+            resp = http("GET", "/metrics", None)
+        result.last_response = f"HTTP {resp.status} {_short(resp.body)}"
+        if step == "health":
+            check_health(resp)
+        elif step == "models":
+            check_models(resp, config.served_model_name)
+        elif step == "completion":
+            result.completion = check_completion(resp)
+        else:
+            check_metrics(resp, tuple(config.required_metrics))
+
+    for step in STEPS:
+        started = clock()
+        while True:
+            try:
+                probe(step)
+                break
+            except StepBroken as exc:
+                return _failed(result, step, str(exc))
+            except (StepNotReady, OSError) as exc:
+                if isinstance(exc, OSError):
+                    result.last_response = f"no answer ({exc})"
+                if clock() >= deadline:
+                    return _failed(result, step, f"not ready after {config.timeout:.0f} s: {exc}")
+                if container_state is not None and step != "container":
+                    try:  # a container that died while we poll HTTP will never answer: say so now
+                        check_container(container_state())
+                    except StepBroken as dead:
+                        return _failed(result, step, str(dead))
+                    except StepNotReady:
+                        pass
+                sleep(config.poll_interval)
+        result.step_seconds[step] = round(clock() - started, 3)
+    result.passed = True
+    return result
+
+
+def _failed(result: GateResult, step: str, message: str) -> GateResult:
+    result.failed_step = step
+    result.message = message
+    return result

@@ -1,0 +1,180 @@
+#!/usr/bin/python
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_health_gate
+short_description: Wait until a vLLM server really serves, step by step
+version_added: 0.1.0
+author: onprem.vllm developers (@onprem)
+description:
+  - Runs on the vLLM host and passes only when, in order, the container is running and healthy, C(/health) answers
+    200, C(/v1/models) lists the served model name, a one-token chat completion with the API key succeeds, and
+    C(/metrics) exposes the required vLLM series.
+  - C(/health) alone can pass before the model is servable, which is why the gate insists on a real completion.
+  - On failure the message names the step, the last response and the container's last log lines.
+options:
+  url:
+    description: Base URL of the server as seen from the host.
+    type: str
+    default: http://127.0.0.1:8000
+  served_model_name:
+    description: The name C(/v1/models) must list and the completion uses.
+    type: str
+    required: true
+  api_key:
+    description: The server's API key; empty when the server has none.
+    type: str
+    default: ""
+  container_name:
+    description: Docker container to watch; a container that stops or turns unhealthy fails the gate at once.
+    type: str
+  docker_path:
+    description: The docker CLI on the host.
+    type: str
+    default: docker
+  timeout:
+    description: Seconds the whole gate may take; loading a 30B FP8 model takes minutes, hence the default.
+    type: int
+    default: 900
+  request_timeout:
+    description: Seconds one HTTP request may take.
+    type: int
+    default: 60
+  poll_interval:
+    description: Seconds between two tries of a step that is not ready yet.
+    type: float
+    default: 2.0
+  required_metrics:
+    description: Metric names C(/metrics) must expose.
+    type: list
+    elements: str
+    default: [vllm:kv_cache_usage_perc]
+  log_lines:
+    description: How many of the container's last log lines a failure message carries.
+    type: int
+    default: 40
+attributes:
+  check_mode:
+    support: full
+    description: The gate only reads; it runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing changes, so there is no diff.
+"""
+
+EXAMPLES = r"""
+- name: Gate the freshly started server
+  onprem.vllm.vllm_health_gate:
+    url: http://127.0.0.1:8000
+    served_model_name: qwen3-30b-a3b
+    api_key: "{{ vllm_server_api_key }}"
+    container_name: vllm
+    timeout: 900
+"""
+
+RETURN = r"""
+passed:
+  description: Whether every step passed.
+  type: bool
+  returned: always
+failed_step:
+  description: The step that failed (container, health, models, completion, metrics); empty when passed.
+  type: str
+  returned: always
+step_seconds:
+  description: Seconds each passed step took, in order; their sum is the gate's wall time.
+  type: dict
+  returned: always
+total_seconds:
+  description: Wall time of the gate.
+  type: float
+  returned: always
+completion:
+  description: The one-token completion (text and usage) that proved the server serves.
+  type: dict
+  returned: when passed
+last_response:
+  description: The last HTTP answer the gate saw, shortened.
+  type: str
+  returned: always
+container_log_tail:
+  description: The container's last log lines, on failure.
+  type: str
+  returned: on failure with container_name
+"""
+
+import json
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.six.moves.urllib.error import HTTPError
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, Response, run_gate
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", default="http://127.0.0.1:8000"),
+            served_model_name=dict(type="str", required=True),
+            api_key=dict(type="str", default="", no_log=True),
+            container_name=dict(type="str"),
+            docker_path=dict(type="str", default="docker"),
+            timeout=dict(type="int", default=900),
+            request_timeout=dict(type="int", default=60),
+            poll_interval=dict(type="float", default=2.0),
+            required_metrics=dict(type="list", elements="str", default=["vllm:kv_cache_usage_perc"]),
+            log_lines=dict(type="int", default=40),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    base_url = params["url"].rstrip("/")
+    headers = {"Content-Type": "application/json"}
+    if params["api_key"]:
+        headers["Authorization"] = "Bearer " + params["api_key"]
+
+    def http(method, path, body):
+        data = json.dumps(body).encode() if body is not None else None
+        try:
+            resp = open_url(base_url + path, method=method, data=data, headers=headers,
+                            timeout=params["request_timeout"], validate_certs=False)
+            return Response(resp.getcode(), resp.read().decode("utf-8", "replace"))
+        except HTTPError as exc:
+            return Response(exc.code, exc.read().decode("utf-8", "replace"))
+
+    container_state = None
+    docker = None
+    if params["container_name"]:
+        docker = module.get_bin_path(params["docker_path"], required=True)
+
+        def container_state():
+            rc, out, _err = module.run_command([docker, "inspect", "--format", "{{json .State}}",
+                                                params["container_name"]])
+            return json.loads(out) if rc == 0 else None
+
+    config = GateConfig(served_model_name=params["served_model_name"], api_key=params["api_key"],
+                        timeout=params["timeout"], poll_interval=params["poll_interval"],
+                        required_metrics=tuple(params["required_metrics"]))
+    started = time.monotonic()
+    result = run_gate(config, http, container_state)
+    facts = dict(changed=False, passed=result.passed, failed_step=result.failed_step,
+                 step_seconds=result.step_seconds, total_seconds=round(time.monotonic() - started, 3),
+                 last_response=result.last_response)
+    if result.passed:
+        module.exit_json(completion=result.completion, **facts)
+    msg = f"health gate failed at step '{result.failed_step}': {result.message}"
+    if result.last_response:
+        msg += f"; last response: {result.last_response}"
+    if docker:
+        _rc, out, err = module.run_command([docker, "logs", "--tail", str(params["log_lines"]),
+                                            params["container_name"]])
+        facts["container_log_tail"] = (out + err).strip()
+        msg += f"; last {params['log_lines']} lines of `docker logs {params['container_name']}`:\n{facts['container_log_tail']}"
+    module.fail_json(msg=msg, **facts)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+import json
+
+from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, Response, run_gate
+
+MODELS = Response(200, json.dumps({"object": "list", "data": [{"id": "qwen3-lab", "object": "model"}]}))
+COMPLETION = Response(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": "OK"}}],
+                                       "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}}))
+METRICS = Response(200, "# HELP vllm:kv_cache_usage_perc KV-cache usage.\n"
+                        'vllm:kv_cache_usage_perc{engine="0",model_name="qwen3-lab"} 0.0\n')
+HEALTHY = {"Running": True, "Status": "running", "Health": {"Status": "healthy"}}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class ScriptedServer:
+    """Answers each path from a list, repeating the last answer; an exception in the list is raised."""
+
+    def __init__(self, **answers):
+        self.answers = {path: list(seq) for path, seq in answers.items()}
+        self.calls = []
+
+    def __call__(self, method, path, body):
+        self.calls.append((method, path, body))
+        seq = self.answers[path]
+        answer = seq.pop(0) if len(seq) > 1 else seq[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def server(**overrides):
+    answers = {"/health": [Response(200, "")], "/v1/models": [MODELS], "/v1/chat/completions": [COMPLETION],
+               "/metrics": [METRICS]}
+    answers.update(overrides)
+    return ScriptedServer(**answers)
+
+
+def gate(srv, state=lambda: HEALTHY, timeout=60, **config):
+    clock = FakeClock()
+    return run_gate(GateConfig(served_model_name="qwen3-lab", api_key="k", timeout=timeout, **config), srv, state,
+                    clock=clock, sleep=clock.sleep)
+
+
+def test_a_serving_server_passes_every_step_in_order():
+    srv = server()
+    result = gate(srv)
+    assert result.passed, result.message
+    assert list(result.step_seconds) == ["container", "health", "models", "completion", "metrics"]
+    assert [path for _m, path, _b in srv.calls] == ["/health", "/v1/models", "/v1/chat/completions", "/metrics"]
+    method, _path, body = srv.calls[2]
+    assert method == "POST" and body["max_tokens"] == 1 and body["model"] == "qwen3-lab"
+    assert result.completion["usage"]["completion_tokens"] == 1
+
+
+def test_gate_waits_while_the_model_loads():
+    srv = server(**{"/health": [ConnectionRefusedError("refused"), Response(503, ""), Response(200, "")]})
+    result = gate(srv, poll_interval=5)
+    assert result.passed
+    assert result.step_seconds["health"] == 10
+
+
+def test_health_passing_is_not_enough_the_completion_must_work():
+    result = gate(server(**{"/v1/chat/completions": [Response(500, '{"error": "engine dead"}')]}), timeout=30)
+    assert not result.passed
+    assert result.failed_step == "completion"
+    assert "not ready after 30 s" in result.message
+    assert "engine dead" in result.last_response
+
+
+def test_wrong_api_key_fails_at_once_with_the_reason():
+    result = gate(server(**{"/v1/chat/completions": [Response(401, '{"error": "Unauthorized"}')]}))
+    assert result.failed_step == "completion"
+    assert "API key does not match" in result.message
+
+
+def test_wrong_served_name_fails_at_once():
+    other = Response(200, json.dumps({"data": [{"id": "other-model"}]}))
+    result = gate(server(**{"/v1/models": [other]}))
+    assert result.failed_step == "models"
+    assert "'qwen3-lab' is not among ['other-model']" in result.message
+
+
+def test_missing_metric_fails_at_the_metrics_step():
+    result = gate(server(**{"/metrics": [Response(200, "vllm:num_requests_running 0\n")]}), timeout=10)
+    assert result.failed_step == "metrics"
+    assert "lacks vllm:kv_cache_usage_perc" in result.message
+
+
+def test_a_container_that_exits_while_loading_stops_the_gate_early():
+    states = iter([HEALTHY | {"Health": {"Status": "starting"}},
+                   {"Running": False, "Status": "exited", "ExitCode": 1}])
+    result = gate(server(), state=lambda: next(states), timeout=900)
+    assert result.failed_step == "container"
+    assert "exit code 1" in result.message
+
+
+def test_a_missing_container_fails_the_first_step():
+    result = gate(server(), state=lambda: None)
+    assert result.failed_step == "container" and "does not exist" in result.message
+
+
+def test_container_dying_during_http_polling_is_reported_without_waiting_out_the_timeout():
+    states = iter([HEALTHY, {"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": True}])
+    srv = server(**{"/health": [ConnectionRefusedError("refused")]})
+    clock = FakeClock()
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), srv, lambda: next(states),
+                      clock=clock, sleep=clock.sleep)
+    assert result.failed_step == "health"
+    assert "OOM-killed" in result.message
+    assert clock.now < 900
