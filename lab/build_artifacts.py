@@ -257,6 +257,7 @@ def save_image(args, tag: str, image_id: str, manifest: dict, report: dict) -> N
     tar.parent.mkdir(parents=True, exist_ok=True)
     tmp = tar.with_suffix(".tar.partial")
     labctl.docker("save", "-o", str(tmp), tag)
+    tmp.chmod(0o644)  # docker save writes 0600; the share is read by every lab host
     tmp.replace(tar)
     info = inspect_image(tag)
     manifest["images"][tag] = {
@@ -517,8 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     for what, result in report.items():
         print(f"  {what}: {result}")
     print(f"  total: {time.monotonic() - total:.1f} s; manifest: {MANIFEST}")
-    (LOG_DIR if LOG_DIR.exists() else BUILD_DIR).joinpath("last-build.json").write_text(
-        json.dumps({"report": report, "timings": timings}, indent=2) + "\n")
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with (LOG_DIR / "build-history.jsonl").open("a") as history:
+        history.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "report": report,
+                                  "timings": timings}) + "\n")
     return 0
 
 
