@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The gpu_preflight role through ansible-playbook (local connection), with the fake nvidia-smi replaying cases."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "gpu")
+FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
+CLEAN_LOG = os.path.join(FIXTURES, "kernel-logs", "clean.log")
+PLAYBOOK = """
+- name: Preflight under test
+  hosts: localhost
+  gather_facts: false
+  roles:
+    - role: gpu_preflight
+  post_tasks:
+    - name: Dump the published facts
+      ansible.builtin.debug:
+        msg:
+          uuids: "{{ gpu_preflight_selected_gpu_uuids }}"
+          nccl: "{{ gpu_preflight_nccl_env }}"
+          car: "{{ gpu_preflight_disable_custom_all_reduce }}"
+          mem: "{{ gpu_preflight_gpu_memory_bytes }}"
+          cpu: "{{ gpu_preflight_cpu_mode }}"
+"""
+
+
+def play(tmp_path, case=None, **extra):
+    book = tmp_path / "play.yml"
+    book.write_text(PLAYBOOK)
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+               ANSIBLE_DEPRECATION_WARNINGS="0")
+    variables = {"ansible_python_interpreter": sys.executable, "gpu_preflight_kernel_log_path": CLEAN_LOG}
+    if case:
+        env["FAKE_NVIDIA_SMI_CASE"] = case if os.path.isabs(case) else os.path.join(FIXTURES, case)
+        variables.update(gpu_preflight_backend="nvidia-smi", gpu_preflight_nvidia_smi_path=FAKE_SMI)
+    variables.update(extra)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+           "-e", json.dumps(variables), str(book)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    data = json.loads(proc.stdout)
+    tasks = {t["task"]["name"].replace("gpu_preflight : ", ""): t["hosts"]["localhost"] for t in data["plays"][0]["tasks"]}
+    return proc.returncode, tasks
+
+
+def failure(tasks):
+    failed = [r for r in tasks.values() if r.get("failed")]
+    return failed[0]["msg"] if failed else None
+
+
+def test_cpu_mode_passes_without_gpu(tmp_path):
+    rc, tasks = play(tmp_path, "no-driver", gpu_preflight_cpu_mode=True)
+    assert rc == 0, failure(tasks)
+    assert tasks["Report CPU mode"]["msg"].startswith("no NVIDIA GPU (lab CPU mode)")
+    assert tasks["Dump the published facts"]["msg"] == {"uuids": [], "nccl": {}, "car": False, "mem": 0, "cpu": True}
+
+
+def test_gpu_mode_without_gpu_fails_clearly(tmp_path):
+    rc, tasks = play(tmp_path, "no-driver")
+    assert rc != 0
+    assert "No NVIDIA GPU on localhost" in failure(tasks) and "gpu_preflight_cpu_mode: true" in failure(tasks)
+
+
+def test_mismatch_fails_even_in_cpu_mode(tmp_path):
+    rc, tasks = play(tmp_path, "driver-mismatch", gpu_preflight_cpu_mode=True)
+    assert rc != 0 and "Driver/library version mismatch" in failure(tasks)
+
+
+def test_dual_5090_publishes_p2p_off(tmp_path):
+    rc, tasks = play(tmp_path, "dual-5090-gns", gpu_preflight_tensor_parallel_size=2)
+    assert rc == 0, failure(tasks)
+    facts = tasks["Dump the published facts"]["msg"]
+    assert facts["nccl"] == {"NCCL_P2P_DISABLE": "1"} and facts["car"] is True and facts["cpu"] is False
+    assert facts["uuids"] == ["GPU-00000000-0000-4000-8000-000000000001", "GPU-00000000-0000-4000-8000-000000000002"]
+    assert int(facts["mem"]) == 32607 * 2**20
+
+
+def test_tp_too_large_fails_clearly(tmp_path):
+    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=2)
+    assert rc != 0
+    assert "Cannot place tensor_parallel_size=2 on localhost: tensor_parallel_size 2 needs 2 GPUs" in failure(tasks)
+
+
+def test_missing_uuid_fails_clearly(tmp_path):
+    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_gpu_uuids=["GPU-gone"])
+    assert rc != 0 and "GPU-gone" in failure(tasks)
+
+
+def test_blocking_xid_fails(tmp_path):
+    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1,
+                     gpu_preflight_kernel_log_path=os.path.join(FIXTURES, "kernel-logs", "xid-real.log"))
+    assert rc != 0 and "GPU health check failed on localhost: " in failure(tasks) and "Xid 79" in failure(tasks)
+
+
+def test_fp8_on_ampere_warns(tmp_path):
+    rc, tasks = play(tmp_path, "quad-3090-nvlink-pairs", gpu_preflight_tensor_parallel_size=2, gpu_preflight_quantization="fp8")
+    assert rc == 0, failure(tasks)
+    warn = tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"]
+    assert "compute capability 8.6" in warn["msg"] and "Marlin" in warn["msg"]
+
+
+def test_fp8_on_hopper_does_not_warn(tmp_path):
+    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_quantization="fp8")
+    assert rc == 0, failure(tasks)
+    assert tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"].get("skipped")
+
+
+@pytest.fixture
+def busy_h200(tmp_path):
+    """The real H200 case with 20 GiB used by another process (CONSTRUCTED edit of the real XML, in tmp)."""
+    case = tmp_path / "busy-h200"
+    shutil.copytree(os.path.join(FIXTURES, "h200-x1"), case, ignore=shutil.ignore_patterns("live-*"))
+    xml = (case / "nvidia-smi-q.xml").read_text()
+    xml = xml.replace("<used>0 MiB</used>", "<used>20480 MiB</used>", 1)
+    xml = xml.replace("<processes>\n\t\t</processes>", "<processes><process_info><pid>777</pid><type>C</type>"
+                      "<process_name>ollama</process_name><used_memory>20470 MiB</used_memory></process_info></processes>")
+    (case / "nvidia-smi-q.xml").write_text(xml)
+    return str(case)
+
+
+def test_foreign_memory_fails(tmp_path, busy_h200):
+    rc, tasks = play(tmp_path, busy_h200, gpu_preflight_tensor_parallel_size=1)
+    assert rc != 0
+    assert "Other processes already use GPU memory" in failure(tasks) and "GPU-c3fbd34e" in failure(tasks)
+
+
+def test_foreign_memory_allowed_by_name(tmp_path, busy_h200):
+    rc, tasks = play(tmp_path, busy_h200, gpu_preflight_tensor_parallel_size=1, gpu_preflight_allowed_process_names=["ollama"])
+    assert rc == 0, failure(tasks)
