@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Time onprem.vllm.gpu_topology and onprem.vllm.gpu_health.
 
@@ -56,7 +55,7 @@ def run_module_process(module, args, env):
         path = handle.name
     try:
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, MODULES[module], path], env=env, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, MODULES[module], path], env=env, check=False, capture_output=True, text=True)
         wall = time.monotonic() - started
     finally:
         os.unlink(path)
@@ -77,7 +76,7 @@ def run_ansible_cli(module, args, env):
     if arg_text:
         cmd += ["-a", arg_text]
     started = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True, cwd=ROOT)
     wall = time.monotonic() - started
     return wall if proc.returncode == 0 else None
 
@@ -86,7 +85,7 @@ def gpu_present():
     smi = shutil.which("nvidia-smi")
     if not smi:
         return False
-    return subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+    return subprocess.run([smi, "-L"], check=False, capture_output=True).returncode == 0
 
 
 def main():
@@ -120,7 +119,7 @@ def main():
     for source, module, backend, args, case_env in cases:
         walls, inner = [], []
         result = None
-        for _ in range(opts.repeat):
+        for _run in range(opts.repeat):
             wall, result = run_module_process(module, args, case_env)
             walls.append(wall)
             inner.append(result.get("elapsed_s") or 0.0)

@@ -73,8 +73,10 @@ notes:
   - Xid events older than the current boot are only seen through O(kernel_log_path).
 attributes:
   check_mode:
+    description: Can run in check mode and return the same facts; the module never changes anything.
     support: full
   diff_mode:
+    description: Returns no diff; nothing changes.
     support: none
 seealso:
   - module: onprem.vllm.gpu_topology

@@ -62,8 +62,10 @@ notes:
     and product name (C(compute_capability_source=architecture-table)).
 attributes:
   check_mode:
+    description: Can run in check mode and return the same facts; the module never changes anything.
     support: full
   diff_mode:
+    description: Returns no diff; nothing changes.
     support: none
 seealso:
   - module: onprem.vllm.gpu_health

@@ -27,9 +27,13 @@ def make_stub(gpus, nvlinks=None, init_error=None, p2p=0):
     def not_supported(*_a, **_k):
         raise NVMLError(3)
 
+    def init():
+        if init_error:
+            raise NVMLError(init_error)
+
     stub = SimpleNamespace(
         nvmlMemory_v2=33554472,
-        nvmlInit=lambda: (_ for _ in ()).throw(NVMLError(init_error)) if init_error else None,
+        nvmlInit=init,
         nvmlShutdown=lambda: None,
         nvmlSystemGetDriverVersion=lambda: "580.159.04",
         nvmlSystemGetCudaDriverVersion_v2=lambda: 13000,

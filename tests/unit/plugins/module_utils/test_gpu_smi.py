@@ -31,7 +31,7 @@ def fake_runner(case):
     env = dict(os.environ, FAKE_NVIDIA_SMI_CASE=case_path(case))
 
     def run(argv):
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=env)
         return proc.returncode, proc.stdout, proc.stderr
 
     return run

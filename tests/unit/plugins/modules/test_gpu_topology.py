@@ -25,7 +25,7 @@ def run_module(module, args, case=None, check=False):
            "-m", "onprem.vllm.%s" % module, "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=120)
     data = json.loads(proc.stdout)
     return data["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
