@@ -42,9 +42,13 @@ def play(tmp_path, case=None, **extra):
         env["FAKE_NVIDIA_SMI_CASE"] = case if os.path.isabs(case) else os.path.join(FIXTURES, case)
         variables.update(gpu_preflight_backend="nvidia-smi", gpu_preflight_nvidia_smi_path=FAKE_SMI)
     variables.update(extra)
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+    playbook_bin = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    if not os.path.exists(playbook_bin):
+        playbook_bin = shutil.which("ansible-playbook") or playbook_bin
+    cmd = [playbook_bin, "-i", "localhost,", "-c", "local",
            "-e", json.dumps(variables), str(book)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=180)
+    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
     data = json.loads(proc.stdout)
     tasks = {t["task"]["name"].replace("gpu_preflight : ", ""): t["hosts"]["localhost"] for t in data["plays"][0]["tasks"]}
     return proc.returncode, tasks

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -13,6 +14,8 @@ FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "gpu")
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 LOGS = os.path.join(FIXTURES, "kernel-logs")
 ANSIBLE = os.path.join(os.path.dirname(sys.executable), "ansible")
+if not os.path.exists(ANSIBLE):  # ansible installed apart from this interpreter
+    ANSIBLE = shutil.which("ansible") or ANSIBLE
 
 
 def run_health(case, **args):
@@ -25,6 +28,7 @@ def run_health(case, **args):
     cmd = [ANSIBLE, "localhost", "-c", "local", "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
            "-m", "onprem.vllm.gpu_health", "-a", json.dumps(module_args)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
     return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."
 FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "gpu")
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 ANSIBLE = os.path.join(os.path.dirname(sys.executable), "ansible")
+if not os.path.exists(ANSIBLE):  # ansible installed apart from this interpreter
+    ANSIBLE = shutil.which("ansible") or ANSIBLE
 
 
 def run_module(module, args, case=None, check=False):
@@ -26,6 +29,7 @@ def run_module(module, args, case=None, check=False):
     if check:
         cmd.append("--check")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
     data = json.loads(proc.stdout)
     return data["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
