@@ -1,4 +1,4 @@
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Time onprem.vllm.gpu_topology and onprem.vllm.gpu_health.
 
 Usage (from the repository root):

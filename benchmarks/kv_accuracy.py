@@ -1,4 +1,4 @@
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Accuracy benchmark of onprem.vllm.kv_headroom against real vLLM startup logs.
 
     .venv/bin/python benchmarks/kv_accuracy.py                     # table + summary (+ vllm-wizard if installed)

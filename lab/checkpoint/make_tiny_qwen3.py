@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Generate the lab's tiny Qwen3-architecture checkpoint, deterministically, with no hub.
 
 Runs INSIDE the lab serving image (it has torch, transformers, tokenizers, safetensors), so the host needs no torch:

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Pure health checks for NVIDIA GPU hosts: Xid events, IOMMU, PCIe ACS, ECC / retired pages / remapped rows.
 
 Standard library only. ``parse_xid_line``, ``parse_xid_events`` and ``XID_TABLE`` are kept self-contained so a

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """GPU facts through NVML (the nvidia-ml-py package, imported as ``pynvml``), in the same shape as gpu_smi.
 
 The import is guarded: when nvidia-ml-py is missing, ``HAS_PYNVML`` is False and ``PYNVML_IMPORT_ERROR``

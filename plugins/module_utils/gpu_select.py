@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Choose the GPU set for a tensor-parallel size and derive the NCCL environment for it. Pure functions.
 
 Input is the topology fact built by gpu_smi / gpu_nvml. Every decision carries a one-line reason.

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Parsers for nvidia-smi output: ``-q -x``, ``topo -m`` and ``topo -p2p r|w|n``.
 
 Pure functions (standard library only). They turn recorded or live nvidia-smi text into the

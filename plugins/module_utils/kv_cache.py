@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: onprem.vllm contributors
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Predict vLLM's KV-cache size on one worker, check vLLM's startup constraints, and suggest fixes.
 
 Pure arithmetic, standard library only (importable by unit tests and the accuracy benchmark without Ansible).

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: onprem.vllm contributors
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read a Hugging Face checkpoint's config.json into the shape the KV planner needs.
 
 Accepts a config.json file, a checkpoint directory, an HF cache repo folder (models--Org--Name) or one of its

@@ -1,4 +1,4 @@
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The NVML collector against a stub pynvml (no GPU here). The stub's numbers for GPU 0 are the REAL values NVML
 returned on the H200 (tests/unit/fixtures/gpu/h200-x1/nvml.txt and live-2026-11-29/facts.json); the second GPU and
 its NVLink are synthetic, to exercise the link code."""
