@@ -55,5 +55,8 @@ bench-kv: venv
 bench-gpu: venv
 	python benchmarks/gpu_modules_speed.py
 
+bench-deploy: lab
+	ansible-playbook benchmarks/deploy_gate.yml -i inventories/lab
+
 clean: lab-down
 	rm -rf .cache tests/output

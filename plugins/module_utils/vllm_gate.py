@@ -58,6 +58,9 @@ def check_container(state: dict | None) -> None:
     """state: `docker inspect` .State, or None when the container does not exist."""
     if state is None:
         raise StepBroken("the container does not exist")
+    if state.get("Restarting"):
+        raise StepBroken(f"the container is in a restart loop (last exit code {state.get('ExitCode')}): vLLM exits "
+                         "at startup, see its log below")
     if not state.get("Running"):
         raise StepBroken(f"the container is not running (status {state.get('Status')}, exit code "
                          f"{state.get('ExitCode')}{', OOM-killed' if state.get('OOMKilled') else ''})")

@@ -117,3 +117,10 @@ def test_container_dying_during_http_polling_is_reported_without_waiting_out_the
     assert result.failed_step == "health"
     assert "OOM-killed" in result.message
     assert clock.now < 900
+
+
+def test_a_crash_looping_container_is_reported_as_such():
+    looping = {"Running": True, "Restarting": True, "Status": "restarting", "ExitCode": 1}
+    result = gate(server(), state=lambda: looping)
+    assert result.failed_step == "container"
+    assert "restart loop (last exit code 1)" in result.message

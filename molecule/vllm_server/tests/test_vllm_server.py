@@ -1,0 +1,76 @@
+"""What the vllm_server role left on each workstation after deploy, upgrade and a rolled-back upgrade."""
+import json
+
+import pytest
+
+testinfra_hosts = ["ansible://vllm_servers"]
+
+
+@pytest.fixture(scope="module")
+def container(host):
+    return json.loads(host.check_output("docker inspect vllm"))[0]
+
+
+@pytest.fixture(scope="module")
+def api_key(host):
+    line = host.file("/etc/onprem-vllm/vllm.env").content_string.strip()
+    key = line.split("=", 1)[1]
+    assert line.startswith("VLLM_API_KEY=") and len(key) >= 16
+    return key
+
+
+def test_the_rolled_back_server_is_the_upgraded_one(container):
+    assert container["Config"]["Image"] == "vllm/vllm-openai:v0.32.0-lab2"
+    assert container["State"]["Running"] and container["State"]["Health"]["Status"] == "healthy"
+
+
+def test_no_server_is_left_set_aside(host):
+    assert host.run("docker inspect vllm-previous").rc != 0
+
+
+def test_restart_policy_and_log_rotation(container):
+    assert container["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
+    assert container["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-file": "5", "max-size": "50m"}}
+
+
+def test_published_on_loopback_only(container):
+    bindings = container["HostConfig"]["PortBindings"]["8000/tcp"]
+    assert bindings == [{"HostIp": "127.0.0.1", "HostPort": "8000"}]
+
+
+def test_host_ipc_offline_hub_and_cpu_kv_space(container):
+    env = dict(item.split("=", 1) for item in container["Config"]["Env"])
+    assert container["HostConfig"]["IpcMode"] == "host"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_secret_files_are_private(host):
+    assert host.file("/etc/onprem-vllm").mode == 0o700
+    assert host.file("/etc/onprem-vllm/vllm.env").mode == 0o600
+    assert host.file("/etc/onprem-vllm/vllm.deployment.json").mode == 0o600
+
+
+def test_api_key_is_not_a_process_argument(host, container, api_key):
+    assert api_key not in host.check_output("ps -eo args")
+    assert api_key not in " ".join(container["Args"] + container["Config"]["Cmd"])
+
+
+def test_api_key_is_not_in_the_server_log(host, api_key):
+    log = host.check_output("docker logs vllm 2>&1")
+    assert "Application startup complete" in log  # the log is really there
+    assert api_key not in log
+
+
+def test_the_key_is_enforced(host, api_key):
+    probe = ("python3 -c \"import urllib.request as u, sys; r = u.Request('http://127.0.0.1:8000/v1/models', "
+             "headers={'Authorization': 'Bearer ' + sys.argv[1]}); print(u.urlopen(r).status)\" ")
+    assert host.check_output(probe + api_key) == "200"
+    assert host.run(probe + "wrong-key").rc != 0
+
+
+def test_deployment_records_for_rollback(host):
+    current = json.loads(host.file("/etc/onprem-vllm/vllm.deployment.json").content_string)
+    previous = json.loads(host.file("/etc/onprem-vllm/vllm.deployment.previous.json").content_string)
+    assert current["image"] == "vllm/vllm-openai:v0.32.0-lab2"
+    assert previous["image"] == "vllm/vllm-openai:v0.32.0"
+    assert "VLLM_API_KEY" not in json.dumps(current)
