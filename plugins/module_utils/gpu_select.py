@@ -65,14 +65,14 @@ def _score(indices, gpus_by_index, links):
     return (broken, worst, len(numa), sum(ranks), -(min(nvl) if nvl else 0), used, tuple(indices))
 
 
-def foreign_memory_bytes(gpu, allowed_process_names=None):
-    """Memory in use on a GPU minus what processes with an allowed name hold."""
+def foreign_memory_bytes(gpu, allowed_process_names=None, allowed_pids=None):
+    """Memory in use on a GPU minus what allowed processes hold (by name, or by PID: the server being replaced)."""
     used = gpu.get("memory_used_bytes") or 0
     allowed = set(allowed_process_names or [])
-    if allowed:
-        for proc in gpu.get("processes") or []:
-            if proc.get("name") in allowed and proc.get("used_memory_bytes"):
-                used -= proc["used_memory_bytes"]
+    pids = set(allowed_pids or [])
+    for proc in gpu.get("processes") or []:
+        if (proc.get("name") in allowed or proc.get("pid") in pids) and proc.get("used_memory_bytes"):
+            used -= proc["used_memory_bytes"]
     return max(used, 0)
 
 
@@ -215,7 +215,8 @@ def min_compute_capability(topology, indices):
     return min(values) if values else None
 
 
-def plan(topology, tensor_parallel_size, gpu_uuids=None, p2p_risks=None, allowed_process_names=None):
+def plan(topology, tensor_parallel_size, gpu_uuids=None, p2p_risks=None, allowed_process_names=None,
+         allowed_pids=None):
     """Selection + NCCL env + per-GPU numbers the role publishes."""
     selection = select_gpus(topology, tensor_parallel_size, gpu_uuids)
     out = {
@@ -240,7 +241,7 @@ def plan(topology, tensor_parallel_size, gpu_uuids=None, p2p_risks=None, allowed
         nccl_env=nccl["env"],
         disable_custom_all_reduce=nccl["disable_custom_all_reduce"],
         gpu_memory_bytes=min(totals) if totals and None not in totals else None,
-        foreign_memory_bytes={by_index[i].get("uuid"): foreign_memory_bytes(by_index[i], allowed_process_names)
+        foreign_memory_bytes={by_index[i].get("uuid"): foreign_memory_bytes(by_index[i], allowed_process_names, allowed_pids)
                               for i in selection["indices"]},
         min_compute_capability="%d.%d" % cc if cc else None,
     )

