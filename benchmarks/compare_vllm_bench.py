@@ -1,0 +1,158 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Validate our load generator against vLLM's own: the same load measured by both on a lab server, side by side.
+
+  python3 benchmarks/compare_vllm_bench.py [--host onprem-lab-ws1] [--concurrency 1,4,8,16] [--num-prompts 64]
+                                           [--output-len 64] [--json out.json]
+
+Fairness: both clients run on the lab host itself against http://127.0.0.1:8000 (same network path); the same
+prompt text (a ShareGPT-layout file for vLLM's side; the server applies the chat template for both), exactly --output-len tokens
+(ignore_eos + min_tokens), the same concurrency limit with every request released at once (request rate inf),
+one warm-up request each, the same number of requests. Ours runs before AND after vLLM's at each level and the two
+runs are averaged, so drift (other load on the machine) does not favour one side. `vllm bench serve` runs in the
+lab's serving image (vLLM 0.32.0 CPU build) with `--entrypoint vllm`, the host's HF cache for the tokenizer and
+HF_HUB_OFFLINE=1; the API key travels as an inherited environment variable, never as an argument.
+
+Prints, per concurrency: output tok/s and TTFT mean/p50/p99 of both and the relative difference (ours vs vLLM).
+Exit status 1 when a figure differs by more than --tolerance percent (default 10).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LOADGEN = REPO / "plugins" / "module_utils" / "vllm_loadgen.py"
+METRICS = (("output_throughput", "output_throughput", "output tok/s"),
+           ("ttft_mean_ms", "mean_ttft_ms", "TTFT mean ms"),
+           ("ttft_p50_ms", "median_ttft_ms", "TTFT p50 ms"),
+           ("ttft_p99_ms", "p99_ttft_ms", "TTFT p99 ms"))
+DEFAULT_PROMPT = ("Explain in three sentences what a KV cache is and why it limits how many requests a GPU serves "
+                  "at once.")
+
+# Runs on the lab host with its python3: the load generator's source is prepended, so nothing is installed there.
+OURS_DRIVER = r'''
+import json, os, sys
+cfg = json.loads(sys.argv[1])
+body = build_body(cfg["model"], cfg["prompt"], max_tokens=cfg["output_len"], ignore_eos=True)
+out = {}
+for level in cfg["concurrency"]:
+    sweep = run_sweep(cfg["url"], os.environ.get("OPENAI_API_KEY", ""), body, [level], cfg["num_prompts"], warmup=1)
+    out[str(level)] = sweep["levels"][0] if sweep["levels"] else {"error": sweep["notes"]}
+print("RESULT " + json.dumps(out))
+'''
+
+
+def sh(cmd, env=None, stdin=None, timeout=900):
+    proc = subprocess.run(cmd, input=stdin, text=True, capture_output=True, env=env, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        sys.exit("command failed (%s): %s\n%s" % (proc.returncode, " ".join(cmd[:6]), (proc.stderr or proc.stdout)[-3000:]))
+    return proc.stdout
+
+
+def api_key(host):
+    line = sh(["docker", "exec", host, "cat", "/etc/onprem-vllm/vllm.env"]).strip()
+    if not line.startswith("VLLM_API_KEY="):
+        sys.exit("no VLLM_API_KEY in %s:/etc/onprem-vllm/vllm.env: deploy the lab first (make site)" % host)
+    return line.split("=", 1)[1]
+
+
+def run_ours(host, env, args, levels):
+    source = LOADGEN.read_text().replace("from __future__ import annotations", "")
+    cfg = {"url": "http://127.0.0.1:%d/v1/chat/completions" % args.port, "model": args.served_model_name,
+           "prompt": args.prompt, "output_len": args.output_len, "concurrency": levels, "num_prompts": args.num_prompts}
+    out = sh(["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host, "python3", "-", json.dumps(cfg)], env=env,
+             stdin=source + "\n" + OURS_DRIVER)
+    line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
+    return {int(k): v for k, v in json.loads(line[7:]).items()}
+
+
+def run_vllm(host, env, args, levels):
+    work = "/tmp/onprem-vllm-compare"
+    # ShareGPT layout: the image has no pandas, which vLLM's `custom` (JSONL) dataset needs; ShareGPT is read with json.
+    rows = json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
+                       for idx in range(args.num_prompts + 1)])
+    sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/prompts.sharegpt"
+        % (work, work, work)], stdin=rows)
+    loop = " ; ".join(
+        "vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --base-url http://127.0.0.1:%d "
+        "--model %s --served-model-name %s --dataset-name sharegpt --dataset-path /data/prompts.sharegpt "
+        "--sharegpt-output-len %d --ignore-eos --num-prompts %d --max-concurrency %d "
+        "--request-rate inf --num-warmups 1 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 "
+        "--disable-tqdm --save-result --result-dir /data --result-filename c%d.json || exit 1"
+        % (args.port, args.model, args.served_model_name, args.output_len, args.num_prompts, level, level)
+        for level in levels)
+    log = sh(["docker", "exec", "-e", "OPENAI_API_KEY", host, "docker", "run", "--rm", "--network", "host",
+              "-e", "OPENAI_API_KEY", "-e", "HF_HUB_OFFLINE=1", "-v", "/srv/hf-cache:/root/.cache/huggingface:ro",
+              "-v", "%s:/data" % work, "--entrypoint", "bash", args.image, "-c", "set -e; " + loop], env=env,
+             timeout=1800)
+    out = {}
+    for level in levels:
+        out[level] = json.loads(sh(["docker", "exec", host, "cat", "%s/c%d.json" % (work, level)]))
+    return out, log
+
+
+def rel(ours, theirs):
+    if ours is None or not theirs:
+        return None
+    return (ours - theirs) / theirs * 100.0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="onprem-lab-ws1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--image", default="vllm/vllm-openai:v0.32.0")
+    parser.add_argument("--model", default="onprem-lab/tiny-qwen3")
+    parser.add_argument("--served-model-name", default="qwen3-lab")
+    parser.add_argument("--concurrency", default="1,4,8,16")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--tolerance", type=float, default=10.0)
+    parser.add_argument("--json", help="write every figure to this file")
+    args = parser.parse_args(argv)
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if not levels or min(levels) < 1:
+        sys.exit("--concurrency needs levels of at least 1 (got %r)" % args.concurrency)
+    env = dict(os.environ, OPENAI_API_KEY=api_key(args.host))
+    print("ours (1/2) ...", flush=True)
+    first = run_ours(args.host, env, args, levels)
+    print("vllm bench serve ...", flush=True)
+    theirs, log = run_vllm(args.host, env, args, levels)
+    print("ours (2/2) ...", flush=True)
+    second = run_ours(args.host, env, args, levels)
+    rows, worst = [], 0.0
+    header = "%-11s | %-13s | %10s %10s %10s | %9s" % ("concurrency", "metric", "ours", "vllm bench", "diff %",
+                                                        "ours runs")
+    print("\n" + header + "\n" + "-" * len(header))
+    for level in levels:
+        for ours_key, vllm_key, label in METRICS:
+            runs = [run[level].get(ours_key) for run in (first, second)]
+            values = [v for v in runs if v is not None]
+            ours = sum(values) / len(values) if values else None
+            ref = theirs[level].get(vllm_key)
+            diff = rel(ours, ref)
+            if diff is not None:
+                worst = max(worst, abs(diff)) if ours_key in ("output_throughput", "ttft_mean_ms") else worst
+            rows.append({"concurrency": level, "metric": label, "ours": ours, "ours_runs": runs, "vllm_bench": ref,
+                         "diff_pct": diff})
+            print("%-11d | %-13s | %10.2f %10.2f %10s | %s" % (
+                level, label, ours or 0, ref or 0, "-" if diff is None else "%+.1f" % diff,
+                "/".join("%.1f" % v for v in values)))
+        print("%-11s | prompt tok %s (ours) / %s (vllm total_input/completed); completed %s / %s" % (
+            "", first[level].get("prompt_tokens_mean"),
+            round(theirs[level]["total_input_tokens"] / max(1, theirs[level]["completed"]), 1),
+            first[level].get("successful"), theirs[level].get("completed")))
+    print("\nlargest |difference| on output tok/s and mean TTFT: %.1f%% (tolerance %.0f%%)" % (worst, args.tolerance))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "ours": [first, second], "vllm_bench": theirs,
+                                               "settings": vars(args)}, indent=2, default=str))
+    return 1 if worst > args.tolerance else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
