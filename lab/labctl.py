@@ -213,16 +213,18 @@ def wait_for_systemd(name: str, timeout: float = 90) -> None:
 def up(workstations: int, gateway: bool, subnet: str, ca_bundle: Path | None) -> None:
     if not 1 <= workstations <= MAX_WORKSTATIONS:
         raise LabError(f"--workstations must be 1..{MAX_WORKSTATIONS}, got {workstations}")
-    image = build_image(ca_bundle)
-    SHARE_DIR.mkdir(parents=True, exist_ok=True)
+    require_docker()
     plan = host_plan(workstations, gateway, subnet)
     existing = lab_containers()
+    # Every refusal comes before anything is built or created.
     for host in plan:
         other = docker("container", "inspect", host["name"], check=False)
         if other.returncode == 0 and host["name"] not in existing:
             raise LabError(f"a container named {host['name']} exists but is not a lab host: rename or remove it "
                            "(the lab never deletes containers it did not create)")
     ensure_network(subnet)
+    image = build_image(ca_bundle)
+    SHARE_DIR.mkdir(parents=True, exist_ok=True)
     for host in plan:
         row = existing.get(host["name"])
         if row is None:

@@ -1,0 +1,72 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""lab/labctl.py refuses bad input with one line and never touches what it did not create (real Docker engine)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import uuid
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SPEC = importlib.util.spec_from_file_location("labctl", os.path.join(ROOT, "lab", "labctl.py"))
+labctl = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(labctl)
+
+
+def docker_ok():
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+needs_docker = pytest.mark.skipif(not docker_ok(), reason="no Docker engine (.ci/run starts one)")
+
+
+@pytest.mark.parametrize("count", ["0", "9", "-1"])
+def test_unknown_lab_size_is_refused(count, capsys):
+    assert labctl.main(["up", "--workstations", count]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"labctl: --workstations must be 1..8, got {count}"
+
+
+def test_docker_not_running_says_what_to_do(monkeypatch, capsys):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    assert labctl.main(["status"]) == 2
+    assert "Docker is not running: start it" in capsys.readouterr().err
+
+
+def test_missing_ca_bundle_is_refused(tmp_path, capsys):
+    assert labctl.main(["image", "--ca-bundle", str(tmp_path / "none.crt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_plan_addresses_and_names():
+    plan = labctl.host_plan(3, True, "172.30.99.0/24")
+    assert [(h["name"], h["ip"], h["role"]) for h in plan] == [
+        ("onprem-lab-ws1", "172.30.99.11", "workstation"), ("onprem-lab-ws2", "172.30.99.12", "workstation"),
+        ("onprem-lab-ws3", "172.30.99.13", "workstation"), ("onprem-lab-gw", "172.30.99.5", "gateway")]
+
+
+def test_image_tag_follows_the_recipe():
+    one = labctl.image_recipe("http://deb.debian.org/debian", None)
+    other = labctl.image_recipe("http://mirror.example/debian", None)
+    assert labctl.image_tag(one) == labctl.image_tag(dict(one))
+    assert labctl.image_tag(one) != labctl.image_tag(other)
+
+
+@needs_docker
+def test_a_foreign_container_with_a_lab_name_is_refused_and_kept(capsys):
+    image = f"onprem-test/empty:{uuid.uuid4().hex[:8]}"
+    name = "onprem-lab-ws8"
+    subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+    subprocess.run(f"tar -c --files-from /dev/null | docker import - {image}", shell=True, check=True,
+                   capture_output=True)
+    subprocess.run(["docker", "create", "--name", name, image, "/none"], check=True, capture_output=True)
+    try:
+        assert labctl.main(["up", "--workstations", "8"]) == 2
+        assert "exists but is not a lab host" in capsys.readouterr().err
+        assert subprocess.run(["docker", "inspect", name], capture_output=True, check=False).returncode == 0
+        assert name not in labctl.lab_containers()  # so `down`, which removes only these, leaves it alone
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+        subprocess.run(["docker", "rmi", image], capture_output=True, check=False)

@@ -1,0 +1,114 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Bad input to vllm_server stops in its checks, before the running server is touched, with what to change.
+
+Runs the role's check steps (tasks/validate.yml, tasks/image.yml) through ansible-playbook against this machine's
+real Docker engine (local connection).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+PLAYBOOK = """
+- name: vllm_server checks under test
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Run the checks
+      ansible.builtin.include_role:
+        name: vllm_server
+        tasks_from: "{{ item }}"
+      loop: [validate.yml, image.yml]
+"""
+BASE = {  # a valid lab-like plan; each test breaks one thing
+    "vllm_server_cpu_mode": True, "vllm_server_model": "onprem-lab/tiny-qwen3", "vllm_server_model_revision": "",
+    "vllm_server_served_model_name": "qwen3-lab", "vllm_server_tensor_parallel_size": 1,
+    "vllm_server_container_name": "onprem-test-vllm-absent", "vllm_server_image_tag": "v0.32.0",
+    "vllm_server_image": "onprem-test/not-an-image",
+}
+
+
+def docker_ok():
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+pytestmark = pytest.mark.skipif(not docker_ok(), reason="no Docker engine (.ci/run starts one)")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_checks(tmp_path, **overrides):
+    book = tmp_path / "play.yml"
+    book.write_text(PLAYBOOK)
+    variables = dict(BASE, ansible_python_interpreter=sys.executable, vllm_server_port=free_port(),
+                     vllm_server_hf_cache_path=str(tmp_path / "hf"), vllm_server_image_archive=str(tmp_path / "a.tar"))
+    variables.update(overrides)
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    playbook_bin = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    proc = subprocess.run([playbook_bin, "-i", "localhost,", "-c", "local", "-e", json.dumps(variables), str(book)],
+                          cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=180)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    results = [task["hosts"]["localhost"] for task in json.loads(proc.stdout)["plays"][0]["tasks"]]
+    failed = [r for r in results if r.get("failed") and not r.get("ignored", False)]
+    return failed[-1]["msg"] if failed else None
+
+
+def test_unpinned_tag_is_refused(tmp_path):
+    assert "must pin a release such as v0.32.0 (got 'latest')" in run_checks(tmp_path, vllm_server_image_tag="latest")
+
+
+def test_open_port_without_api_key_is_refused(tmp_path):
+    message = run_checks(tmp_path, vllm_server_bind_address="0.0.0.0", vllm_server_api_key="")
+    assert "exposes the server beyond this host: set vllm_server_api_key (from Vault) or bind to 127.0.0.1" in message
+
+
+def test_api_key_with_whitespace_is_refused(tmp_path):
+    message = run_checks(tmp_path, vllm_server_api_key="REPLACE WITH ansible-vault encrypt_string")
+    assert "vllm_server_api_key must be one string without spaces or newlines" in message
+
+
+def test_tensor_parallel_larger_than_the_gpus_assigned(tmp_path):
+    message = run_checks(tmp_path, vllm_server_cpu_mode=False, vllm_server_tensor_parallel_size=2,
+                         vllm_server_gpu_uuids=["GPU-c3fbd34e-333c-b84b-75d2-81d8feda572f"])
+    assert "tensor_parallel_size x pipeline_parallel_size = 2 GPUs, but 1 are assigned" in message
+
+
+def test_api_key_on_the_command_line_is_refused(tmp_path):
+    message = run_checks(tmp_path, vllm_server_extra_args=["--api-key", "x"])
+    assert "extra_args must not carry --api-key" in message
+
+
+def test_port_in_use_is_refused(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        message = run_checks(tmp_path, vllm_server_port=port)
+    assert f"Port {port} on localhost is in use by something other than the onprem-test-vllm-absent container" in message
+
+
+def test_revision_missing_from_the_offline_cache_is_refused(tmp_path):
+    message = run_checks(tmp_path, vllm_server_model_revision="d77141a471636dda364651d872c8e1075b8947d5")
+    assert "Revision d77141a471636dda364651d872c8e1075b8947d5 of onprem-lab/tiny-qwen3 is not in the cache" in message
+    assert "HF_HUB_OFFLINE=1" in message
+
+
+def test_image_missing_and_no_archive_is_refused(tmp_path):
+    message = run_checks(tmp_path)
+    assert "Image onprem-test/not-an-image:v0.32.0 is not on localhost and the archive" in message
+
+
+def test_a_valid_plan_passes_the_checks_until_the_image(tmp_path):
+    # Everything before the image is fine: the only refusal is the (deliberately) missing image.
+    message = run_checks(tmp_path, vllm_server_bind_address="0.0.0.0", vllm_server_api_key="lab-0123456789abcdef")
+    assert message.startswith("Image onprem-test/not-an-image:v0.32.0 is not on localhost")
