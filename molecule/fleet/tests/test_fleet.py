@@ -1,0 +1,63 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fleet after the side effect: the gateway keeps its secrets, every host serves again."""
+from __future__ import annotations
+
+import json
+import os
+
+import testinfra.utils.ansible_runner
+
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
+    os.environ["MOLECULE_INVENTORY_FILE"]).get_hosts("all")
+
+
+def _stat(host):
+    cmd = ("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); "
+           "s.connect('/run/onprem-gateway/admin.sock'); s.sendall(b'show stat\\n'); print(s.makefile().read())\"")
+    return host.check_output(cmd)
+
+
+def test_gateway_files_are_root_only(host):
+    if host.backend.get_hostname() != "fleet-gw":
+        return
+    for path in ("/etc/onprem-gateway/haproxy.cfg", "/etc/onprem-gateway/clients.map"):
+        f = host.file(path)
+        assert f.user == "root" and f.mode == 0o600, path
+    assert host.file("/etc/onprem-gateway").mode == 0o700
+
+
+def test_gateway_serves_every_host_again(host):
+    if host.backend.get_hostname() != "fleet-gw":
+        return
+    rows = [line for line in _stat(host).splitlines() if line.startswith("vllm,fleet-ws")]
+    assert len(rows) == 3
+    assert all(",UP," in row for row in rows), rows
+
+
+def test_backend_key_not_in_process_args_or_container_config(host):
+    if host.backend.get_hostname() != "fleet-gw":
+        return
+    cfg = host.file("/etc/onprem-gateway/haproxy.cfg").content_string
+    key = cfg.split('Authorization "Bearer ', 1)[1].split('"', 1)[0]
+    assert len(key) >= 8
+    assert key not in host.check_output("ps auxww")
+    assert key not in host.check_output("docker inspect onprem-gateway")
+    assert key not in host.check_output("docker logs onprem-gateway 2>&1")
+
+
+def test_gateway_refuses_unknown_clients(host):
+    if host.backend.get_hostname() != "fleet-gw":
+        return
+    code = host.check_output(
+        "python3 -c \"import urllib.request, urllib.error\n"
+        "try:\n urllib.request.urlopen('http://127.0.0.1:4000/v1/models', timeout=10); print(200)\n"
+        "except urllib.error.HTTPError as e: print(e.code)\"")
+    assert code.strip() == "401"
+
+
+def test_each_server_keeps_its_previous_record(host):
+    if not host.backend.get_hostname().startswith("fleet-ws"):
+        return
+    record = json.loads(host.file("/etc/onprem-vllm/vllm.deployment.json").content_string)
+    assert record["image"].startswith("vllm/vllm-openai:v0.32.0")
+    assert host.file("/etc/onprem-vllm/vllm.deployment.json").mode == 0o600

@@ -1,0 +1,128 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""HAProxy's runtime API (the admin stats socket), as pure functions plus one small socket client.
+
+The gateway puts every vLLM host in one HAProxy backend; a rollout takes a host out of rotation with
+`set server B/S state drain` (no new requests; requests already running finish), waits until the server's current
+sessions (`scur`) and queue (`qcur`) are zero, then `state maint` (health checks stop too, so stopping vLLM logs no
+error). Undrain is `state ready`, and the host counts as back only once HAProxy's own health check says UP.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import socket
+import time
+
+STATES = ("ready", "drain", "maint")
+
+
+class RuntimeError_(Exception):
+    """A runtime API problem the caller reports as is (socket missing, unknown server, command refused)."""
+
+
+def parse_stat(text: str) -> list[dict]:
+    """Rows of `show stat` (CSV whose header line starts with '# ')."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        raise RuntimeError_(f"unexpected `show stat` output: {text[:200]!r}")
+    header = lines[0][2:]
+    reader = csv.DictReader(io.StringIO("\n".join([header] + lines[1:])))
+    return [{key: value for key, value in row.items() if key} for row in reader]
+
+
+def find_server(rows: list[dict], backend: str, server: str) -> dict:
+    for row in rows:
+        if row.get("pxname") == backend and row.get("svname") == server:
+            return row
+    known = sorted(f"{row['pxname']}/{row['svname']}" for row in rows
+                   if row.get("svname") not in ("FRONTEND", "BACKEND") and row.get("pxname") == backend)
+    raise RuntimeError_(f"server {backend}/{server} is not in the gateway's configuration (known in {backend}: "
+                        f"{', '.join(known) or 'none'}): run the gateway role so its configuration lists every host")
+
+
+def as_int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def in_flight(row: dict) -> int:
+    """Requests the server is still busy with or that wait for it: current sessions plus its queue."""
+    return as_int(row.get("scur")) + as_int(row.get("qcur"))
+
+
+def admin_state(status: str) -> str:
+    """HAProxy's status column (UP, DOWN, UP 1/2, DRAIN, MAINT, MAINT (via x/y), no check, ...) as ready/drain/maint."""
+    upper = (status or "").upper()
+    if upper.startswith("MAINT"):
+        return "maint"
+    if upper.startswith("DRAIN") or upper == "NOLB":
+        return "drain"
+    return "ready"
+
+
+def is_serving(status: str) -> bool:
+    """In rotation and passing its health check: UP (not 'UP 1/2', which is on its way down), or no check at all."""
+    return (status or "").upper() in ("UP", "NO CHECK")
+
+
+def commands_for(current_status: str, state: str, backend: str, server: str) -> list[str]:
+    """The runtime commands that take a server from its current status to the wanted state (empty: nothing to do)."""
+    if state not in STATES:
+        raise RuntimeError_(f"state must be one of {', '.join(STATES)}, got {state!r}")
+    current = admin_state(current_status)
+    target = f"{backend}/{server}"
+    if state == current:
+        return []
+    if state == "maint" and current == "ready":
+        # Drain first: maint alone would also let running requests finish, but drain makes the wait explicit.
+        return [f"set server {target} state drain", f"set server {target} state maint"]
+    return [f"set server {target} state {state}"]
+
+
+def wait_for(fetch, done, timeout: float, poll_interval: float, clock=time.monotonic, sleep=time.sleep):
+    """Call fetch() until done(row) or the timeout; returns (row, seconds waited, finished)."""
+    started = clock()
+    row = fetch()
+    while not done(row):
+        if clock() - started >= timeout:
+            return row, clock() - started, False
+        sleep(poll_interval)
+        row = fetch()
+    return row, clock() - started, True
+
+
+class RuntimeSocket:
+    """One command per connection on HAProxy's admin socket (non-interactive mode)."""
+
+    def __init__(self, path: str, timeout: float = 10.0):
+        self.path = path
+        self.timeout = timeout
+
+    def command(self, cmd: str) -> str:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+            sock.sendall(cmd.encode() + b"\n")
+            chunks = []
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        except OSError as exc:
+            raise RuntimeError_(f"HAProxy admin socket {self.path}: {exc} (is the gateway container running?)") from exc
+        finally:
+            sock.close()
+        return b"".join(chunks).decode(errors="replace")
+
+    def set_command(self, cmd: str) -> None:
+        answer = self.command(cmd).strip()
+        # Success prints nothing (or a note); errors name the problem.
+        if answer and any(word in answer.lower() for word in ("unknown", "no such", "require", "invalid", "denied")):
+            raise RuntimeError_(f"`{cmd}` refused by HAProxy: {answer}")
+
+    def stat_rows(self) -> list[dict]:
+        return parse_stat(self.command("show stat"))

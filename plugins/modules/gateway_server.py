@@ -1,0 +1,194 @@
+#!/usr/bin/python
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gateway_server
+short_description: Take a vLLM host out of the fleet gateway's rotation (drain) or put it back
+version_added: 0.1.0
+author: onprem.vllm developers (@onprem)
+description:
+  - Runs on the gateway host and talks to the gateway's HAProxy admin socket (runtime API).
+  - C(state=maint) drains the server (no new requests), waits until its requests in flight and queued are done,
+    then puts it in maintenance (health checks stop too). C(state=drain) stops after the wait.
+  - C(state=ready) puts the server back; with O(wait) it returns only once HAProxy's health check sees it UP, so the
+    host really serves through the gateway again before the next batch starts.
+options:
+  socket:
+    description: Path of the HAProxy admin socket on the gateway host.
+    type: path
+    default: /run/onprem-gateway/admin.sock
+  backend:
+    description: HAProxy backend that holds the vLLM hosts.
+    type: str
+    default: vllm
+  server:
+    description: The server's name in the backend (the role uses the inventory hostname).
+    type: str
+    required: true
+  state:
+    description: Wanted state of the server.
+    type: str
+    required: true
+    choices: [ready, drain, maint]
+  wait:
+    description: Wait for in-flight requests to finish (drain, maint) or for a passed health check (ready).
+    type: bool
+    default: true
+  timeout:
+    description: Seconds the wait may take before the module fails.
+    type: int
+    default: 600
+  poll_interval:
+    description: Seconds between two reads of the server's statistics.
+    type: float
+    default: 0.5
+attributes:
+  check_mode:
+    support: full
+    description: In check mode nothing is sent to HAProxy; the result says whether the state would change.
+  diff_mode:
+    support: none
+    description: No diff is returned.
+"""
+
+EXAMPLES = r"""
+- name: Take the host out of rotation once its requests are done
+  onprem.vllm.gateway_server:
+    server: "{{ inventory_hostname }}"
+    state: maint
+  delegate_to: "{{ groups['vllm_gateways'][0] }}"
+
+- name: Put it back and wait until the gateway's health check passes
+  onprem.vllm.gateway_server:
+    server: "{{ inventory_hostname }}"
+    state: ready
+    timeout: 120
+  delegate_to: "{{ groups['vllm_gateways'][0] }}"
+"""
+
+RETURN = r"""
+before:
+  description: HAProxy's status of the server before the change (UP, DOWN, DRAIN, MAINT, ...).
+  returned: always
+  type: str
+  sample: UP
+status:
+  description: HAProxy's status of the server at the end.
+  returned: always
+  type: str
+  sample: MAINT
+in_flight_before:
+  description: Requests running on or queued for the server when the module started.
+  returned: always
+  type: int
+  sample: 2
+in_flight:
+  description: Requests running on or queued for the server at the end.
+  returned: always
+  type: int
+  sample: 0
+waited:
+  description: Seconds spent waiting (for requests to finish, or for the health check).
+  returned: always
+  type: float
+  sample: 1.5
+started:
+  description: Wall-clock time (seconds since the epoch) at which the module began (the drain started).
+  returned: always
+  type: float
+  sample: 1767225598.75
+timestamp:
+  description: Wall-clock time (seconds since the epoch) at which the server reached the state.
+  returned: always
+  type: float
+  sample: 1767225600.25
+commands:
+  description: Runtime API commands sent (or that would be sent in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [set server vllm/ws1 state drain, set server vllm/ws1 state maint]
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import (
+    RuntimeError_,
+    RuntimeSocket,
+    admin_state,
+    commands_for,
+    find_server,
+    in_flight,
+    is_serving,
+    wait_for,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            socket=dict(type="path", default="/run/onprem-gateway/admin.sock"),
+            backend=dict(type="str", default="vllm"),
+            server=dict(type="str", required=True),
+            state=dict(type="str", required=True, choices=["ready", "drain", "maint"]),
+            wait=dict(type="bool", default=True),
+            timeout=dict(type="int", default=600),
+            poll_interval=dict(type="float", default=0.5),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    api = RuntimeSocket(params["socket"])
+    backend, server, state = params["backend"], params["server"], params["state"]
+
+    def fetch():
+        return find_server(api.stat_rows(), backend, server)
+
+    started = time.time()
+    try:
+        row = fetch()
+        before = row.get("status", "")
+        result = dict(changed=False, before=before, in_flight_before=in_flight(row), waited=0.0, started=started)
+        commands = commands_for(before, state, backend, server)
+        result["commands"] = commands
+        result["changed"] = bool(commands)
+        if module.check_mode:
+            module.exit_json(status=before, in_flight=in_flight(row), timestamp=time.time(), **result)
+        drain_cmds = [cmd for cmd in commands if cmd.endswith("state drain")]
+        for cmd in drain_cmds:
+            api.set_command(cmd)
+        if state in ("drain", "maint") and params["wait"]:
+            row, waited, finished = wait_for(fetch, lambda r: in_flight(r) == 0, params["timeout"],
+                                             params["poll_interval"])
+            result["waited"] = round(waited, 2)
+            if not finished:
+                module.fail_json(msg=f"{backend}/{server} still has {in_flight(row)} request(s) in flight after "
+                                     f"{params['timeout']} s of draining: raise the timeout or look for stuck "
+                                     "clients; the server stays drained", status=row.get("status"),
+                                 in_flight=in_flight(row), timestamp=time.time(), **result)
+        for cmd in commands:
+            if cmd not in drain_cmds:
+                api.set_command(cmd)
+        row = fetch()
+        if state == "ready" and params["wait"]:
+            row, waited, finished = wait_for(fetch, lambda r: is_serving(r.get("status", "")), params["timeout"],
+                                             params["poll_interval"])
+            result["waited"] = round(waited, 2)
+            if not finished:
+                module.fail_json(msg=f"{backend}/{server} is back in rotation but HAProxy's health check has not "
+                                     f"seen it UP within {params['timeout']} s (status {row.get('status')}, last "
+                                     f"check: {row.get('check_status', '')} {row.get('check_desc', '')})",
+                                 status=row.get("status"), in_flight=in_flight(row), timestamp=time.time(), **result)
+        if admin_state(row.get("status", "")) != state:
+            module.fail_json(msg=f"{backend}/{server} is {row.get('status')} after {commands}, not {state}",
+                             status=row.get("status"), in_flight=in_flight(row), timestamp=time.time(), **result)
+        module.exit_json(status=row.get("status", ""), in_flight=in_flight(row), timestamp=time.time(), **result)
+    except RuntimeError_ as exc:
+        module.fail_json(msg=str(exc))
+
+
+if __name__ == "__main__":
+    main()
