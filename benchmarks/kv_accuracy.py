@@ -390,6 +390,8 @@ def benchmark(wizard_python):
         print("  verdict mismatches: %d of %d %s" % (len(wiz_stats["miss"]), wiz_stats["verdicts"], wiz_stats["miss"]))
         for note in wiz_stats["notes"]:
             print("  " + note)
+        print("  not driven: rows without a logged total GPU memory (no available/verdict for it to compute), and "
+              "the not-covered gpt-oss rows (it sizes them as uniform full attention; nothing to score)")
     print("Rows: %d; tokens-scored %d, available-scored %d, verdict-scored %d, coverage %d. Rows without a number "
           "in their log are not scored on it." % (len(rows), len(token_errors), len(avail_errors), len(verdict_rows),
                                                    len(coverage)))
