@@ -1,0 +1,96 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import (
+    RuntimeError_,
+    admin_state,
+    commands_for,
+    find_server,
+    in_flight,
+    is_serving,
+    parse_stat,
+    wait_for,
+)
+
+# Trimmed `show stat` of HAProxy 2.6.12 (Debian 12) as the gateway role configures it: the first columns, as printed.
+STAT = """# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,weight
+openai,FRONTEND,,,1,3,2000,40,1,2,0,0,0,,,,,OPEN,
+vllm,fleet-ws1,0,0,2,2,,20,1,2,,0,,0,0,0,0,UP,1
+vllm,fleet-ws2,1,1,0,1,,10,1,2,,0,,0,0,0,0,DRAIN,1
+vllm,fleet-ws3,0,0,0,1,,10,1,2,,0,,0,0,0,0,MAINT,1
+vllm,BACKEND,1,1,2,3,200,40,1,2,0,0,,0,0,0,0,UP,2
+
+"""
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_parse_stat_reads_rows_by_column_name():
+    rows = parse_stat(STAT)
+    assert [row["svname"] for row in rows] == ["FRONTEND", "fleet-ws1", "fleet-ws2", "fleet-ws3", "BACKEND"]
+    assert find_server(rows, "vllm", "fleet-ws1")["scur"] == "2"
+
+
+def test_parse_stat_refuses_other_output():
+    with pytest.raises(RuntimeError_):
+        parse_stat("Unknown command.\n")
+
+
+def test_find_server_names_the_known_servers():
+    with pytest.raises(RuntimeError_, match="vllm/fleet-ws1, vllm/fleet-ws2, vllm/fleet-ws3"):
+        find_server(parse_stat(STAT), "vllm", "fleet-ws9")
+
+
+def test_in_flight_counts_running_and_queued():
+    rows = parse_stat(STAT)
+    assert in_flight(find_server(rows, "vllm", "fleet-ws1")) == 2
+    assert in_flight(find_server(rows, "vllm", "fleet-ws2")) == 1
+    assert in_flight({"scur": "", "qcur": None}) == 0
+
+
+@pytest.mark.parametrize("status, state", [
+    ("UP", "ready"), ("DOWN", "ready"), ("UP 1/2", "ready"), ("DOWN 1/2", "ready"), ("no check", "ready"),
+    ("DRAIN", "drain"), ("NOLB", "drain"), ("MAINT", "maint"), ("MAINT (via vllm/x)", "maint"), ("MAINT (resolution)", "maint"),
+])
+def test_admin_state(status, state):
+    assert admin_state(status) == state
+
+
+def test_is_serving_only_when_fully_up():
+    assert is_serving("UP") and is_serving("no check")
+    assert not is_serving("UP 1/2") and not is_serving("DOWN 1/2") and not is_serving("DRAIN")
+
+
+def test_commands_drain_before_maint():
+    assert commands_for("UP", "maint", "vllm", "ws1") == ["set server vllm/ws1 state drain",
+                                                          "set server vllm/ws1 state maint"]
+    assert commands_for("DRAIN", "maint", "vllm", "ws1") == ["set server vllm/ws1 state maint"]
+    assert commands_for("MAINT", "maint", "vllm", "ws1") == []
+    assert commands_for("MAINT", "ready", "vllm", "ws1") == ["set server vllm/ws1 state ready"]
+    assert commands_for("DOWN", "ready", "vllm", "ws1") == []
+    with pytest.raises(RuntimeError_):
+        commands_for("UP", "off", "vllm", "ws1")
+
+
+def test_wait_for_returns_when_done():
+    clock = FakeClock()
+    rows = iter([{"scur": "2"}, {"scur": "1"}, {"scur": "0"}])
+    row, waited, finished = wait_for(lambda: next(rows), lambda r: in_flight(r) == 0, 10, 0.5, clock, clock.sleep)
+    assert finished and row == {"scur": "0"} and waited == 1.0
+
+
+def test_wait_for_gives_up_at_the_timeout():
+    clock = FakeClock()
+    row, waited, finished = wait_for(lambda: {"scur": "3"}, lambda r: in_flight(r) == 0, 2, 0.5, clock, clock.sleep)
+    assert not finished and waited >= 2 and in_flight(row) == 3
