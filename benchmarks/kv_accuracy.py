@@ -392,9 +392,9 @@ def benchmark(wizard_python):
             print("  " + note)
         print("  not driven: rows without a logged total GPU memory (no available/verdict for it to compute), and "
               "the not-covered gpt-oss rows (it sizes them as uniform full attention; nothing to score)")
+    counts = (len(rows), len(token_errors), len(avail_errors), len(verdict_rows), len(coverage))
     print("Rows: %d; tokens-scored %d, available-scored %d, verdict-scored %d, coverage %d. Rows without a number "
-          "in their log are not scored on it." % (len(rows), len(token_errors), len(avail_errors), len(verdict_rows),
-                                                   len(coverage)))
+          "in their log are not scored on it." % counts)
 
 
 def speed(runs=2000):
