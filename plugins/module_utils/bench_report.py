@@ -358,3 +358,55 @@ def html_report(run, hosts, images):
 """ % {"run": _esc(run.get("run_id")), "css": _CSS, "started": _esc(run.get("started")), "n": len(hosts),
        "status": status, "plots": plots, "settings": setting_rows,
        "hosts": "\n".join(host_section(h) for h in hosts)}
+
+
+def png_decode(data):
+    """(width, height, channels, rows of bytes) of an 8-bit non-interlaced RGB/RGBA/grey PNG (e.g. a browser's
+    screenshot), to check what a person would see without an imaging library."""
+    width, height = png_size(data)
+    bit_depth, color_type, interlace = data[24], data[25], data[28]
+    channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color_type)
+    if bit_depth != 8 or channels is None or interlace:
+        raise ValueError("only 8-bit non-interlaced grey/RGB/RGBA PNGs are supported")
+    pos, idat = 8, b""
+    while pos < len(data):
+        length = struct.unpack(">I", data[pos:pos + 4])[0]
+        kind = data[pos + 4:pos + 8]
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        base = y * (stride + 1)
+        kind, line = raw[base], bytearray(raw[base + 1:base + 1 + stride])
+        for x in range(stride):
+            left = line[x - channels] if x >= channels else 0
+            up = prev[x]
+            corner = prev[x - channels] if x >= channels else 0
+            if kind == 1:
+                line[x] = (line[x] + left) & 0xFF
+            elif kind == 2:
+                line[x] = (line[x] + up) & 0xFF
+            elif kind == 3:
+                line[x] = (line[x] + ((left + up) >> 1)) & 0xFF
+            elif kind == 4:
+                guess = left + up - corner
+                pa, pb, pc = abs(guess - left), abs(guess - up), abs(guess - corner)
+                pred = left if pa <= pb and pa <= pc else (up if pb <= pc else corner)
+                line[x] = (line[x] + pred) & 0xFF
+        rows.append(bytes(line))
+        prev = line
+    return width, height, channels, rows
+
+
+def count_color(decoded, color, tolerance=24):
+    """Pixels within `tolerance` (per channel) of an RGB color in a png_decode() result."""
+    width, height, channels, rows = decoded
+    found = 0
+    for row in rows:
+        for x in range(0, width * channels, channels):
+            if channels >= 3 and all(abs(row[x + i] - color[i]) <= tolerance for i in range(3)):
+                found += 1
+    return found

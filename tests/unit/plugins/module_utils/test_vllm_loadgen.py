@@ -1,0 +1,164 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The load generator against a real local asyncio HTTP server streaming SSE (chunked), and its statistics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from ansible_collections.onprem.vllm.plugins.module_utils import vllm_loadgen as lg
+
+KEY = "test-key-123456789"
+
+
+class FakeVllm:
+    """A tiny OpenAI-compatible streaming server on 127.0.0.1 (HTTP/1.1, chunked SSE like uvicorn)."""
+
+    def __init__(self, tokens=5, delay=0.002, status=200, role_chunk=True):
+        self.tokens, self.delay, self.status, self.role_chunk = tokens, delay, status, role_chunk
+        self.bodies = []
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve():
+            asyncio.set_event_loop(self.loop)
+            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+            self.port = self.server.sockets[0].getsockname()[1]
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(5)
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d/v1" % self.port
+
+    async def handle(self, reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:] if ": " in line)
+        body = json.loads(await reader.readexactly(int(headers["Content-Length"])))
+        self.bodies.append(body)
+        if headers.get("Authorization") != "Bearer " + KEY or self.status != 200:
+            status = 401 if self.status == 200 else self.status
+            payload = b'{"error":"Unauthorized"}'
+            writer.write(b"HTTP/1.1 %d Nope\r\nContent-Length: %d\r\n\r\n%s" % (status, len(payload), payload))
+            await writer.drain()
+            writer.close()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+        def chunk(obj):
+            data = ("data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n").encode()
+            return b"%x\r\n%s\r\n" % (len(data), data)
+
+        if self.role_chunk:
+            writer.write(chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
+        for idx in range(self.tokens):
+            await asyncio.sleep(self.delay)
+            writer.write(chunk({"choices": [{"index": 0, "delta": {"content": "t%d" % idx}}]}))
+            await writer.drain()
+        writer.write(chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": self.tokens}}))
+        writer.write(chunk("[DONE]") + b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def server():
+    srv = FakeVllm()
+    yield srv
+    srv.stop()
+
+
+def body(**kw):
+    return lg.build_body("m", "hello", max_tokens=5, **kw)
+
+
+def test_sse_parser_across_arbitrary_splits():
+    stream = b'data: {"a": 1}\n\n: ping\n\ndata: {"b": 2}\r\n\r\ndata: [DONE]\n\n'
+    for cut in range(1, len(stream)):
+        parser = lg.SSEParser()
+        events = parser.feed(stream[:cut]) + parser.feed(stream[cut:]) + parser.flush()
+        assert events == ['{"a": 1}', '{"b": 2}', "[DONE]"]
+
+
+def test_chunked_decoder_byte_by_byte():
+    raw = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+    decoder = lg.ChunkedDecoder()
+    out = b"".join(decoder.feed(raw[i:i + 1]) for i in range(len(raw)))
+    assert out == b"hello world" and decoder.done
+
+
+def test_percentile_matches_numpy_linear():
+    data = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert lg.percentile(data, 50) == 5.5
+    assert lg.percentile(data, 99) == pytest.approx(9.91)
+    assert lg.percentile([], 50) is None and lg.percentile([3], 99) == 3
+
+
+def test_build_body_streams_with_usage_and_ignore_eos():
+    b = lg.build_body("qwen", "hi", system_prompt="be brief", max_tokens=64, ignore_eos=True)
+    assert b["stream"] is True and b["stream_options"] == {"include_usage": True}
+    assert b["messages"][0] == {"role": "system", "content": "be brief"}
+    assert b["ignore_eos"] is True and b["min_tokens"] == 64
+
+
+@pytest.mark.parametrize("levels", [[1, 0, 4], [0], [], "1,0", [-2], ["x"]])
+def test_concurrency_with_zero_or_garbage_is_refused(levels):
+    with pytest.raises(lg.LoadgenError) as err:
+        lg.check_concurrency(levels)
+    assert "concurrency" in str(err.value)
+
+
+def test_chat_url_forms():
+    assert lg.chat_url("http://h:8000") == "http://h:8000/v1/chat/completions"
+    assert lg.chat_url("http://h:8000/v1/") == "http://h:8000/v1/chat/completions"
+    with pytest.raises(lg.LoadgenError):
+        lg.chat_url("h:8000")
+
+
+def test_one_streaming_request(server):
+    res = asyncio.run(lg.stream_chat(lg.chat_url(server.url), KEY, body()))
+    assert res["ok"], res
+    assert res["output_tokens"] == 5 and res["prompt_tokens"] == 7
+    assert 0 < res["ttft"] < res["latency"]
+    assert res["decode_tps"] > 0 and len(res["itl"]) == 5  # role chunk + 5 tokens: 5 gaps
+    assert server.bodies[0]["stream_options"] == {"include_usage": True}
+
+
+def test_sweep_aggregates(server):
+    out = lg.run_sweep(lg.chat_url(server.url), KEY, body(), [1, 3], {1: 4, 3: 6}, warmup=1)
+    assert not out["partial"] and [lv["concurrency"] for lv in out["levels"]] == [1, 3]
+    level = out["levels"][1]
+    assert level["requests"] == 6 and level["successful"] == 6 and level["output_tokens"] == 30
+    assert level["ttft_p50_ms"] <= level["ttft_p99_ms"]
+    assert level["output_throughput"] == pytest.approx(30 / level["duration_s"], rel=0.02)
+    assert len(server.bodies) == 1 + 4 + 6
+
+
+def test_wrong_key_is_a_clear_partial_result(server):
+    out = lg.run_sweep(lg.chat_url(server.url), "wrong", body(), [1, 2], 2, warmup=1)
+    assert out["partial"] and out["levels"] == []
+    assert "HTTP 401" in out["notes"][0] and "API key" in out["notes"][0]
+
+
+def test_unreachable_host_is_a_clear_partial_result():
+    out = lg.run_sweep("http://127.0.0.1:9/v1/chat/completions", KEY, body(), [1], 2, warmup=0, timeout=5)
+    assert out["partial"] and out["levels"][0]["successful"] == 0
+    assert "cannot reach" in out["notes"][0] or "timed out" in out["notes"][0]
+
+
+def test_baseline_gate():
+    base = [{"concurrency": 4, "output_throughput": 100.0, "ttft_p99_ms": 50.0}]
+    ok, rows = lg.compare_to_baseline([{"concurrency": 4, "output_throughput": 95.0, "ttft_p99_ms": 55.0}], base, 10, 25)
+    assert ok == [] and rows[0]["output_throughput"]["change_pct"] == -5.0
+    bad, rows = lg.compare_to_baseline([{"concurrency": 4, "output_throughput": 80.0, "ttft_p99_ms": 70.0}], base, 10, 25)
+    assert len(bad) == 2 and "dropped 20.0%" in bad[0] and "rose 40.0%" in bad[1]
