@@ -31,13 +31,13 @@ _DEVICE_ID_RANGES = (
     (0x1DB0, 0x1DBF, "volta"),      # GV100
     (0x20B0, 0x20BF, "ampere"),     # GA100 (A100)
     (0x20F0, 0x20FF, "ampere"),     # GA100 (A800 / A100X)
+    (0x2300, 0x23FF, "hopper"),     # GH100 (H100 = 0x2330/0x2331, H200 = 0x2335, GH200 = 0x2342); inside GA10x's block
     (0x0FC0, 0x12FF, "kepler"),     # GK10x / GK110 / GK208
     (0x1340, 0x17FF, "maxwell"),    # GM107 / GM108 / GM200 / GM204 / GM206
     (0x1B00, 0x1DFF, "pascal"),     # GP102 .. GP108
     (0x1E00, 0x1FFF, "turing"),     # TU102 / TU104 / TU106 / TU117
     (0x2180, 0x21FF, "turing"),     # TU116
     (0x2200, 0x25FF, "ampere"),     # GA102 .. GA107
-    (0x2300, 0x23FF, "hopper"),     # GH100 (H100, H200, GH200)
     (0x2600, 0x28FF, "ada"),        # AD102 .. AD107 (RTX 4090 = 0x2684, L40S = 0x26B9)
     (0x2900, 0x2FFF, "blackwell"),  # GB100 / GB102 / GB202 .. GB207 (B200 = 0x2901, RTX 5090 = 0x2B85)
     (0x3000, 0x3FFF, "blackwell"),  # GB110 and later blocks: newer than Blackwell is treated as open-only too

@@ -381,7 +381,8 @@ def main():
     p = module.params
     root = p["host_root"]
     branch, version = str(p["branch"]).strip(), (p["version"] or "").strip()
-    errors = plan.validate_request(branch, version, p["kernel_module_type"])
+    request_errors = plan.validate_request(branch, version, p["kernel_module_type"])
+    errors = list(request_errors)
     reasons = []
 
     loaded_version, loaded_type = plan.parse_loaded_version(_read(os.path.join(root, "proc/driver/nvidia/version")))
@@ -414,7 +415,7 @@ def main():
     reasons.append(action_reason)
     if action == "skip":
         # A satisfied host is left alone: the request is only checked against what would be installed.
-        errors = [e for e in errors if e.startswith("nvidia_driver_")]
+        errors = list(request_errors)
 
     fabricmanager = p["fabricmanager"] == "install" or (p["fabricmanager"] == "auto" and switches > 0)
     if fabricmanager:
