@@ -126,8 +126,8 @@ def main(argv=None):
     print("ours (2/2) ...", flush=True)
     second = run_ours(args.host, env, args, levels)
     rows, worst = [], 0.0
-    header = "%-11s | %-13s | %10s %10s %10s | %9s" % ("concurrency", "metric", "ours", "vllm bench", "diff %",
-                                                        "ours runs")
+    columns = ("concurrency", "metric", "ours", "vllm bench", "diff %", "ours runs")
+    header = "%-11s | %-13s | %10s %10s %10s | %9s" % columns
     print("\n" + header + "\n" + "-" * len(header))
     for level in levels:
         for ours_key, vllm_key, label in METRICS:

@@ -11,7 +11,7 @@ description:
   - Sends streaming C(/v1/chat/completions) requests (C(stream_options.include_usage)) to each target, one target
     after the other, at each concurrency level of a sweep, and measures TTFT mean/p50/p99, decode tokens/s per
     request, aggregate output tokens/s, request rate and errors.
-  - Meant to run on the control node (C(delegate_to: localhost), C(run_once)) so it measures what clients see over
+  - Meant to run on the control node (C(delegate_to=localhost), C(run_once)) so it measures what clients see over
     the network, drives every host from one place, needs nothing installed on the hosts and leaves its files where
     the operator is. Standard library only (asyncio, raw HTTP/1.1).
   - Writes into O(results_dir) a JSON and a CSV file per host, C(throughput.png) and C(ttft_p99.png) (one line per
@@ -180,12 +180,14 @@ partial:
   type: bool
   returned: always
 hosts:
-  description: Per host, the measured levels (concurrency, output_throughput, ttft_mean_ms, ttft_p50_ms, ttft_p99_ms, decode_tps_mean, errors...), partial flag and problems.
+  description:
+    - Per host, the measured levels (concurrency, output_throughput, ttft_mean_ms, ttft_p50_ms, ttft_p99_ms,
+      decode_tps_mean, errors...), partial flag and problems.
   type: list
   elements: dict
   returned: when not in check mode
 regressions:
-  description: Regressions against the baselines, "host: concurrency C: ...".
+  description: 'Regressions against the baselines, one string per host and level (C(host: concurrency C: ...)).'
   type: list
   elements: str
   returned: always

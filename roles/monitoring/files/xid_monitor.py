@@ -69,8 +69,9 @@ def read_file(path, offset):
 
 
 def post_webhook(url, host, events, timeout=10):
-    text = "%s: %s" % (host, "; ".join("Xid %d (%s) on GPU %s: %s" % (e["code"], e["severity"], e["pci_bus_id"],
-                                                                       e["description"]) for e in events))
+    parts = ["Xid %d (%s) on GPU %s: %s" % (e["code"], e["severity"], e["pci_bus_id"], e["description"])
+             for e in events]
+    text = "%s: %s" % (host, "; ".join(parts))
     body = json.dumps({"text": text, "host": host, "events": events}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (operator-given URL)
