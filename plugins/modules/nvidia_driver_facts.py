@@ -128,7 +128,7 @@ EXAMPLES = r"""
 
 - name: Show the decision
   ansible.builtin.debug:
-    msg: "{{ driver.action }}: {{ driver.action_reason }}"
+    msg: "{{ driver.driver_action }}: {{ driver.action_reason }}"
 """
 
 RETURN = r"""
@@ -192,8 +192,8 @@ fabricmanager:
   description: Whether Fabric Manager is to be installed.
   returned: always
   type: bool
-action:
-  description: C(install) or C(skip).
+driver_action:
+  description: C(install) or C(skip) (named so because C(action) is taken by Ansible's own result key).
   returned: always
   type: str
 action_reason:
@@ -449,7 +449,7 @@ def main():
         changed=False, loaded_version=loaded_version, loaded_module_type=loaded_type, installed_version=installed,
         gpus=gpus, gpu_count=len(gpus), nvswitch_count=switches, nouveau_loaded=nouveau, secure_boot=secure_boot,
         mok_enrolled=enrolled, source=source, kernel_module_type=module_type, packages=packages,
-        fabricmanager=fabricmanager, action=action, action_reason=action_reason, reasons=reasons,
+        fabricmanager=fabricmanager, driver_action=action, action_reason=action_reason, reasons=reasons,
         candidates=candidates, branch_available=available, reboot=reboot, errors=errors,
     )
 
