@@ -130,6 +130,7 @@ attributes:
   check_mode:
     support: partial
     description: In check mode the input is checked and no load is sent and no file is written.
+    details: Check mode validates the targets, concurrency levels and limits and reports how many requests would be sent.
   diff_mode:
     support: none
     description: No diff; the files written are listed in the result.
@@ -280,7 +281,7 @@ def main():
                         default="Explain in three sentences what a KV cache is and why it limits how many requests "
                                 "a GPU serves at once."),
             system_prompt=dict(type="str", default=""),
-            max_tokens=dict(type="int", default=128),
+            max_tokens=dict(type="int", default=128, no_log=False),
             ignore_eos=dict(type="bool", default=False),
             temperature=dict(type="float"),
             warmup=dict(type="int", default=1),
