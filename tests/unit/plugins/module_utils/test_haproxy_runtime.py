@@ -94,3 +94,81 @@ def test_wait_for_gives_up_at_the_timeout():
     clock = FakeClock()
     row, waited, finished = wait_for(lambda: {"scur": "3"}, lambda r: in_flight(r) == 0, 2, 0.5, clock, clock.sleep)
     assert not finished and waited >= 2 and in_flight(row) == 3
+
+
+class FakeHAProxy:
+    """A unix-socket stand-in for HAProxy's admin socket: `show stat` and `set server B/S state X`, one per connection."""
+
+    def __init__(self, path):
+        import socket
+        import threading
+
+        self.states = {"fleet-ws1": "UP", "fleet-ws2": "UP"}
+        self.scur = {"fleet-ws1": 1, "fleet-ws2": 0}
+        self.commands = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def stat(self):
+        lines = ["# pxname,svname,qcur,scur,status"]
+        lines += [f"vllm,{name},0,{self.scur[name]},{state}" for name, state in self.states.items()]
+        return "\n".join(lines) + "\n\n"
+
+    def serve(self):
+        while True:
+            try:
+                conn, _addr = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                cmd = conn.recv(4096).decode().strip()
+                self.commands.append(cmd)
+                if cmd == "show stat":
+                    answer = self.stat()
+                    # A request in flight finishes after the server has been asked once more.
+                    self.scur = {name: max(0, count - 1) for name, count in self.scur.items()}
+                elif cmd.startswith("set server vllm/"):
+                    name, state = cmd.split("/", 1)[1].split(" state ")
+                    if name not in self.states:
+                        answer = "No such server.\n"
+                    else:
+                        self.states[name] = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}[state]
+                        answer = "\n"
+                else:
+                    answer = "Unknown command.\n"
+                conn.sendall(answer.encode())
+
+    def close(self):
+        self.sock.close()
+
+
+def test_runtime_socket_drains_after_requests_finish(tmp_path):
+    from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import RuntimeSocket
+
+    fake = FakeHAProxy(tmp_path / "admin.sock")
+    try:
+        api = RuntimeSocket(str(tmp_path / "admin.sock"))
+        row = find_server(api.stat_rows(), "vllm", "fleet-ws1")
+        assert row["status"] == "UP"
+        cmds = commands_for(row["status"], "maint", "vllm", "fleet-ws1")
+        api.set_command(cmds[0])
+        row, _waited, finished = wait_for(lambda: find_server(api.stat_rows(), "vllm", "fleet-ws1"),
+                                          lambda r: in_flight(r) == 0, 5, 0.01)
+        assert finished and row["status"] == "DRAIN"
+        api.set_command(cmds[1])
+        assert find_server(api.stat_rows(), "vllm", "fleet-ws1")["status"] == "MAINT"
+        assert find_server(api.stat_rows(), "vllm", "fleet-ws2")["status"] == "UP"
+        with pytest.raises(RuntimeError_, match="No such server"):
+            api.set_command("set server vllm/fleet-ws9 state ready")
+    finally:
+        fake.close()
+
+
+def test_runtime_socket_missing_socket_says_what_to_check(tmp_path):
+    from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import RuntimeSocket
+
+    with pytest.raises(RuntimeError_, match="is the gateway container running"):
+        RuntimeSocket(str(tmp_path / "absent.sock")).stat_rows()
