@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 LAB_WORKSTATIONS ?= 2
 
-.PHONY: site test venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy clean
+.PHONY: site test venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare clean
 
 ## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
 site: lab
@@ -54,6 +54,12 @@ bench-kv: venv
 
 bench-gpu: venv
 	python benchmarks/gpu_modules_speed.py
+
+bench-report: lab
+	ansible-playbook playbooks/benchmark.yml -i inventories/lab
+
+bench-compare: lab
+	python3 benchmarks/compare_vllm_bench.py
 
 bench-deploy: lab
 	ansible-playbook benchmarks/deploy_gate.yml -i inventories/lab
