@@ -290,8 +290,9 @@ def package_plan(os_family, distribution, distribution_major_version, source, br
         plan.update(
             manager="apt", repository="ubuntu", signed_modules=True,
             install=[_apt_exact(main, version), _apt_exact(utils, version), modules],
-            version_package=main, hold=[main, utils, modules, "linux-image-%s" % ubuntu_kernel_flavour,
-                                         "linux-headers-%s" % ubuntu_kernel_flavour, "linux-%s" % ubuntu_kernel_flavour],
+            version_package=main,
+            hold=[main, utils, modules, "linux-image-%s" % ubuntu_kernel_flavour,
+                  "linux-headers-%s" % ubuntu_kernel_flavour, "linux-%s" % ubuntu_kernel_flavour],
             fabricmanager="nvidia-fabricmanager-%s" % branch, candidate_packages=[main, modules],
         )
         return plan

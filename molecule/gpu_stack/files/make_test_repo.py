@@ -35,7 +35,12 @@ NVIDIA_CTK = """#!/bin/sh
 # TEST DOUBLE of nvidia-ctk (onprem.vllm molecule gpu_stack): writes a labelled CDI spec, touches no GPU.
 set -e
 out=/etc/cdi/nvidia.yaml
-for a in "$@"; do case "$a" in --output=*) out="${a#--output=}";; --version) echo "NVIDIA Container Toolkit CLI version {version} (test double)"; exit 0;; esac; done
+for a in "$@"; do
+  case "$a" in
+    --output=*) out="${a#--output=}";;
+    --version) echo "NVIDIA Container Toolkit CLI version {version} (test double)"; exit 0;;
+  esac
+done
 if [ "$1" = cdi ] && [ "$2" = generate ]; then
   mkdir -p "$(dirname "$out")"
   printf '%s\\n' '# TEST DOUBLE CDI spec written by the lab nvidia-ctk stand-in' 'cdiVersion: 0.5.0' 'kind: nvidia.com/gpu' 'devices: []' > "$out"
