@@ -139,7 +139,7 @@ def main():
         build_deb(ctk, "libnvidia-container1", version)
         build_deb(ctk, "libnvidia-container-tools", version)
         build_deb(ctk, "nvidia-container-toolkit-base", version, files={
-            "/usr/bin/nvidia-ctk": (NVIDIA_CTK.replace("{version}", version.split("-")[0]), 0o755)})
+            "/usr/bin/nvidia-ctk": (NVIDIA_CTK.replace("{version}", version.split("-", maxsplit=1)[0]), 0o755)})
         build_deb(ctk, "nvidia-container-toolkit", version)
     write_index(ctk, "libnvidia-container", gnupghome)
     with open(os.path.join(ROOT, "libnvidia-container", "gpgkey"), "w") as handle:
