@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 LAB_WORKSTATIONS ?= 2
 
-.PHONY: site test venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare clean
+.PHONY: site test venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare bench-rollout clean
 
 ## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
 site: lab
@@ -60,6 +60,9 @@ bench-report: lab
 
 bench-compare: lab
 	python3 benchmarks/compare_vllm_bench.py
+
+bench-rollout: venv
+	bash benchmarks/rollout_bench.sh
 
 bench-deploy: lab
 	ansible-playbook benchmarks/deploy_gate.yml -i inventories/lab
