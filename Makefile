@@ -49,8 +49,11 @@ molecule: venv
 	python3 lab/build_artifacts.py
 	molecule test --all
 
+# vllm-wizard 0.2.0 (the comparison) lives in its own venv; --lab adds the live lab server when it runs.
 bench-kv: venv
-	python benchmarks/kv_accuracy.py
+	test -x .cache/wiz/bin/python || ("$$(tools/find-python.sh)" -m venv .cache/wiz && .cache/wiz/bin/pip install -q vllm-wizard==0.2.0)
+	python benchmarks/kv_accuracy.py --wizard-python .cache/wiz/bin/python
+	python benchmarks/kv_accuracy.py --lab
 
 bench-gpu: venv
 	python benchmarks/gpu_modules_speed.py
