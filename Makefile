@@ -28,6 +28,7 @@ $(VENV)/.installed: requirements.txt
 lab: venv
 	python3 lab/labctl.py up --workstations $(LAB_WORKSTATIONS)
 	python3 lab/build_artifacts.py
+	python3 lab/build_gateway_image.py
 
 artifacts:
 	python3 lab/build_artifacts.py
@@ -47,6 +48,7 @@ unit: venv
 molecule: venv
 	python3 lab/labctl.py image
 	python3 lab/build_artifacts.py
+	python3 lab/build_gateway_image.py
 	molecule test --all
 
 # vllm-wizard 0.2.0 (the comparison) lives in its own venv; --lab adds the live lab server when it runs.
