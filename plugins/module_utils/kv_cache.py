@@ -49,6 +49,10 @@ UTILIZATION_092_FROM = (0, 20, 0)
 # vLLM pads/refines FP8 weight blocks for MoE shards from this version (reference §2: seen in 0.33; the first
 # release with it is unverified, so earlier versions are treated as failing).
 BLOCK_FP8_PADDING_FROM = (0, 33, 0)
+# vLLM's V0 engine (the default before 0.8) pads each MLA cache entry to 256 bytes on CUDA
+# (CacheEngine._align_cache, VLLM_CUDA_MEM_ALIGN_KV_CACHE on by default): DeepSeek's 576-element latent takes 640.
+MLA_ALIGN_UNTIL = (0, 8, 0)
+MLA_ALIGN_BYTES = 256
 # Devices of at least 70 GiB that are not A100 get vLLM's larger scheduler defaults (EngineArgs.get_batch_defaults).
 LARGE_DEVICE_BYTES = 70 * GIB
 
@@ -118,10 +122,16 @@ def kv_head_size(shape: ModelShape) -> int:
     return shape.kv_lora_rank + shape.qk_rope_head_dim if shape.is_mla else shape.head_dim
 
 
-def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_cache_dtype: str) -> int:
+def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_cache_dtype: str,
+                                 version: Optional[tuple] = None) -> int:
     # MLA caches one latent vector (no separate K and V); everything else caches K and V.
     k_and_v = 1 if shape.is_mla else 2
-    return k_and_v * kv_heads_per_gpu(shape, tp) * kv_head_size(shape) * kv_dtype_bytes(shape, kv_cache_dtype)
+    entry = kv_head_size(shape)
+    if shape.is_mla and version is not None and version < MLA_ALIGN_UNTIL:
+        # V0 aligns in units of the model dtype, whatever the cache dtype (align_to_256bytes(entry, model dtype)).
+        align = MLA_ALIGN_BYTES // kv_dtype_bytes(shape, "auto")
+        entry = -(-entry // align) * align
+    return k_and_v * kv_heads_per_gpu(shape, tp) * entry * kv_dtype_bytes(shape, kv_cache_dtype)
 
 
 @dataclass
@@ -375,7 +385,7 @@ def plan(req: PlanRequest) -> Plan:
     tp, pp, bs = req.tensor_parallel_size, req.pipeline_parallel_size, req.block_size
     max_len = req.max_model_len or shape.derived_max_model_len
     layers = max(layers_per_stage(shape.num_layers, pp))
-    per_layer = kv_bytes_per_token_per_layer(shape, tp, req.kv_cache_dtype)
+    per_layer = kv_bytes_per_token_per_layer(shape, tp, req.kv_cache_dtype, version)
     page = per_layer * bs
     reasons: List[str] = []
     notes: List[str] = []
@@ -472,7 +482,7 @@ def _needed_blocks(req: PlanRequest, max_len: int) -> int:
 
 def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, need_blocks: int) -> bool:
     available = _available_for(req, tp, util, version)[0]
-    page = kv_bytes_per_token_per_layer(req.shape, tp, req.kv_cache_dtype) * req.block_size
+    page = kv_bytes_per_token_per_layer(req.shape, tp, req.kv_cache_dtype, version) * req.block_size
     return blocks_for(available, page, layers) >= need_blocks
 
 
@@ -498,7 +508,7 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, page: int, layers: i
         if util_needed <= 0.98:
             out["gpu_memory_utilization"] = util_needed
         if req.kv_cache_dtype == "auto":
-            fp8_page = kv_bytes_per_token_per_layer(shape, req.tensor_parallel_size, "fp8") * bs
+            fp8_page = kv_bytes_per_token_per_layer(shape, req.tensor_parallel_size, "fp8", version) * bs
             if blocks_for(result.available_kv_cache_bytes, fp8_page, layers) >= need_blocks:
                 out["kv_cache_dtype"] = "fp8"
     current = req.tensor_parallel_size

@@ -57,6 +57,18 @@ def test_mla_is_one_latent_head_not_split_by_tp():
     assert per_token("DeepSeek-V3", tp=8) == per_token("DeepSeek-V3")
 
 
+def test_mla_entry_is_padded_to_256_bytes_on_the_v0_engine():
+    # DeepSeek-R1 on 8 x H200, vLLM 0.7.3: 21.43 GiB gave 18418 blocks = 1280 B per token and layer (576 -> 640).
+    s = shape("DeepSeek-V3")
+    assert kc.kv_bytes_per_token_per_layer(s, 8, "auto", (0, 7, 3)) == 640 * 2
+    assert kc.kv_bytes_per_token_per_layer(s, 8, "fp8", (0, 7, 3)) == 640
+    assert kc.kv_bytes_per_token_per_layer(s, 8, "auto", (0, 8, 0)) == 576 * 2
+    assert run(model=s, tensor_parallel_size=8, vllm_version="0.7.3", max_model_len=128000,
+               available_kv_cache_bytes=int(21.43 * GIB)).num_gpu_blocks == 18418
+    # dense models are never padded
+    assert kc.kv_bytes_per_token_per_layer(shape("Qwen3-8B"), 1, "auto", (0, 7, 3)) == 8 * 128 * 2 * 2
+
+
 def test_vl_uses_text_config():
     assert per_token("Qwen3-VL-8B-Instruct") == 36 * 8 * 128 * 2 * 2
 
