@@ -45,13 +45,13 @@ sanity: venv
 unit: venv
 	pytest tests/unit -q
 
-# The scenarios of the test command. `fleet` (3 workstations + gateway under a prober) is not among them yet: on
-# 2 cores a restarting server does not pass its gate while two others serve the prober (see docs/fleet_rollout.md);
-# run it with `make test-fleet`.
-MOLECULE_SCENARIOS := default gpu_stack vllm_server monitoring
+# The scenarios of the test command; `make test-fleet` runs the fleet scenario (3 workstations + a gateway under a
+# prober) alone.
+MOLECULE_SCENARIOS := default gpu_stack vllm_server monitoring fleet
 molecule: venv
 	python3 lab/labctl.py image
 	python3 lab/build_artifacts.py
+	python3 lab/build_gateway_image.py
 	for scenario in $(MOLECULE_SCENARIOS); do tools/timed.sh molecule-$$scenario molecule test -s $$scenario || exit 1; done
 
 test-fleet: venv
