@@ -54,6 +54,8 @@ VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"
 IMAGE_REPO = "vllm/vllm-openai"
 IMAGE_TAG = f"{IMAGE_REPO}:v{VLLM_VERSION}"
+# Each serving image is also tagged with its recipe hash, so a stale one can be found and removed.
+SERVING_REPO = "onprem-vllm-lab/serving"
 IMAGE_TAG_LAB2 = f"{IMAGE_REPO}:v{VLLM_VERSION}-lab2"
 MODEL_ORG, MODEL_NAME = "onprem-lab", "tiny-qwen3"
 MODEL_ID = f"{MODEL_ORG}/{MODEL_NAME}"
@@ -206,7 +208,7 @@ def build_serving_image(args, base_tag: str, base_id: str, report: dict) -> str:
                "--build-arg", f"TORCH_FIND_LINKS={url + '/wheels/' if args.torch_find_links else ''}",
                "--build-arg", f"BUILD_CA_URL={url + '/ca.crt' if args.ca_bundle else ''}",
                "--build-arg", f"RECIPE={recipe}",
-               "-t", IMAGE_TAG, "-t", f"onprem-vllm-lab/serving:{recipe}"]
+               "-t", IMAGE_TAG, "-t", f"{SERVING_REPO}:{recipe}"]
         if args.force:
             cmd.append("--no-cache")
         cmd.append(str(IMAGE_CONTEXT))
@@ -506,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
             save_image(args, IMAGE_TAG_LAB2, lab2_id, manifest, report)
         manifest["base_image"] = {"tag": base_tag, "id": base_id}
         save_manifest(manifest)
+        # Children first: an old base image stays while an old serving image is built on it.
+        labctl.remove_stale_tags(SERVING_REPO, {f"{SERVING_REPO}:{recipe}"})
+        labctl.remove_stale_tags(labctl.IMAGE_REPO, {base_tag, f"{labctl.IMAGE_REPO}:latest"})
         if args.smoke:
             with step("smoke test", timings):
                 smoke = smoke_test(manifest, timings)

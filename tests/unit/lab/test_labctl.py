@@ -70,3 +70,23 @@ def test_a_foreign_container_with_a_lab_name_is_refused_and_kept(capsys):
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
         subprocess.run(["docker", "rmi", image], capture_output=True, check=False)
+
+
+@needs_docker
+def test_stale_tags_go_and_an_image_in_use_stays(capsys):
+    repo = f"onprem-test/stale-{uuid.uuid4().hex[:8]}"
+    current, stale, in_use = f"{repo}:current", f"{repo}:stale", f"{repo}:in-use"
+    name = f"onprem-test-{uuid.uuid4().hex[:8]}"
+    for tag in (current, stale, in_use):  # three distinct images (each import has its own ID)
+        subprocess.run(f"tar -c --files-from /dev/null | docker import --change 'LABEL t={tag}' - {tag}", shell=True,
+                       check=True, capture_output=True)
+    subprocess.run(["docker", "create", "--name", name, in_use, "/none"], check=True, capture_output=True)
+    try:
+        labctl.remove_stale_tags(repo, {current})
+        left = subprocess.run(["docker", "image", "ls", repo, "--format", "{{.Repository}}:{{.Tag}}"],
+                              capture_output=True, text=True, check=True).stdout.split()
+        assert sorted(left) == sorted([current, in_use])
+        assert capsys.readouterr().out.strip() == f"removed stale image {stale}"
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+        subprocess.run(["docker", "rmi", current, stale, in_use], capture_output=True, check=False)
