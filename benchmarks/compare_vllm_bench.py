@@ -9,7 +9,10 @@ prompt text (a ShareGPT-layout file for vLLM's side; the server applies the chat
 (ignore_eos + min_tokens), the same concurrency limit with every request released at once (request rate inf),
 one warm-up request each, the same number of requests. The two clients take turns for --rounds rounds in ABBA
 order (ours, vLLM's, vLLM's, ours, ...) and each figure is the median over a client's rounds, so drift and a single
-stall (other load on a 2-core lab machine) favour neither side. `vllm bench serve` runs in the
+stall (other load on a 2-core lab machine) favour neither side. On a CPU lab the server and the clients would share the
+same cores, so by default (--isolate) the server container is pinned to every CPU but the first for the run and each
+client to the first (`docker update --cpuset-cpus`, `taskset`, `docker run --cpuset-cpus`); the server's own pinning
+is restored afterwards. `vllm bench serve` runs in the
 lab's serving image (vLLM 0.32.0 CPU build) with `--entrypoint vllm`, the host's HF cache for the tokenizer and
 HF_HUB_OFFLINE=1; the API key travels as an inherited environment variable, never as an argument.
 
@@ -24,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,17 +69,36 @@ def api_key(host):
     return line.split("=", 1)[1]
 
 
-def run_ours(host, env, args, levels):
+def cpu_split(count):
+    """(client CPUs, server CPUs) of a host with `count` CPUs: the first for the clients, the rest for the server."""
+    if count < 2:
+        return None
+    return "0", "1" if count == 2 else "1-%d" % (count - 1)
+
+
+@contextmanager
+def server_pinned(host, container, cpus, count):
+    """Pin the server container to `cpus` for the duration; put its own setting (or all CPUs) back afterwards."""
+    before = sh(["docker", "exec", host, "docker", "inspect", "-f", "{{.HostConfig.CpusetCpus}}", container]).strip()
+    sh(["docker", "exec", host, "docker", "update", "--cpuset-cpus", cpus, container])
+    try:
+        yield
+    finally:
+        sh(["docker", "exec", host, "docker", "update", "--cpuset-cpus", before or "0-%d" % (count - 1), container])
+
+
+def run_ours(host, env, args, levels, client_cpus):
     source = LOADGEN.read_text().replace("from __future__ import annotations", "")
     cfg = {"url": "http://127.0.0.1:%d/v1/chat/completions" % args.port, "model": args.served_model_name,
            "prompt": args.prompt, "output_len": args.output_len, "concurrency": levels, "num_prompts": args.num_prompts}
-    out = sh(["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host, "python3", "-", json.dumps(cfg)], env=env,
+    pin = ["taskset", "-c", client_cpus] if client_cpus else []
+    out = sh(["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host, *pin, "python3", "-", json.dumps(cfg)], env=env,
              stdin=source + "\n" + OURS_DRIVER)
     line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
     return {int(k): v for k, v in json.loads(line[7:]).items()}
 
 
-def run_vllm(host, env, args, levels):
+def run_vllm(host, env, args, levels, client_cpus):
     work = "/tmp/onprem-vllm-compare"
     # ShareGPT layout: the image has no pandas, which vLLM's `custom` (JSONL) dataset needs; ShareGPT is read with json.
     rows = json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
@@ -90,7 +113,8 @@ def run_vllm(host, env, args, levels):
         "--disable-tqdm --save-result --result-dir /data --result-filename c%d.json || exit 1"
         % (args.port, args.model, args.served_model_name, args.output_len, args.num_prompts, level, level)
         for level in levels)
-    log = sh(["docker", "exec", "-e", "OPENAI_API_KEY", host, "docker", "run", "--rm", "--network", "host",
+    pin = ["--cpuset-cpus", client_cpus] if client_cpus else []
+    log = sh(["docker", "exec", "-e", "OPENAI_API_KEY", host, "docker", "run", "--rm", "--network", "host", *pin,
               "-e", "OPENAI_API_KEY", "-e", "HF_HUB_OFFLINE=1", "-v", "/srv/hf-cache:/root/.cache/huggingface:ro",
               "-v", "%s:/data" % work, "--entrypoint", "bash", args.image, "-c", "set -e; " + loop], env=env,
              timeout=1800)
@@ -127,6 +151,9 @@ def main(argv=None):
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--tolerance", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3, help="turns each client takes (ABBA order)")
+    parser.add_argument("--container", default="vllm", help="the server's container on the lab host")
+    parser.add_argument("--no-isolate", dest="isolate", action="store_false",
+                        help="let the server and the clients share every CPU")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -135,15 +162,20 @@ def main(argv=None):
     if not levels or min(levels) < 1:
         sys.exit("--concurrency needs levels of at least 1 (got %r)" % args.concurrency)
     env = dict(os.environ, OPENAI_API_KEY=api_key(args.host))
+    count = int(sh(["docker", "exec", args.host, "nproc", "--all"]).strip())
+    split = cpu_split(count) if args.isolate else None
+    client_cpus = split[0] if split else None
+    print("CPUs: " + ("clients on %s, server on %s" % split if split else "shared by the server and the clients"))
     ours_runs, vllm_runs = [], []
-    for turn in range(2 * args.rounds):
-        ours_turn = turn % 4 in (0, 3)   # ABBA: ours, vLLM, vLLM, ours, ...
-        print("round %d/%d: %s ..." % (turn // 2 + 1, args.rounds, "ours" if ours_turn else "vllm bench serve"),
-              flush=True)
-        if ours_turn:
-            ours_runs.append(run_ours(args.host, env, args, levels))
-        else:
-            vllm_runs.append(run_vllm(args.host, env, args, levels)[0])
+    with server_pinned(args.host, args.container, split[1], count) if split else nullcontext():
+        for turn in range(2 * args.rounds):
+            ours_turn = turn % 4 in (0, 3)   # ABBA: ours, vLLM, vLLM, ours, ...
+            print("round %d/%d: %s ..." % (turn // 2 + 1, args.rounds, "ours" if ours_turn else "vllm bench serve"),
+                  flush=True)
+            if ours_turn:
+                ours_runs.append(run_ours(args.host, env, args, levels, client_cpus))
+            else:
+                vllm_runs.append(run_vllm(args.host, env, args, levels, client_cpus)[0])
     rows, worst = [], 0.0
     columns = ("concurrency", "metric", "ours", "vllm bench", "diff %", "ours runs", "vllm runs")
     header = "%-11s | %-13s | %10s %10s %8s | %-20s | %-20s" % columns
@@ -170,7 +202,7 @@ def main(argv=None):
           "(tolerance %.0f%%)" % (args.rounds, worst, args.tolerance))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "ours": ours_runs, "vllm_bench": vllm_runs,
-                                               "settings": vars(args)}, indent=2, default=str))
+                                               "settings": vars(args), "cpus": split}, indent=2, default=str))
     return 1 if worst > args.tolerance else 0
 
 
