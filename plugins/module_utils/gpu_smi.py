@@ -281,6 +281,24 @@ def _split_header(line):
     return out
 
 
+def _gpu_rows(lines):
+    """(GPU index, the cells after its label) for each GPU row of a topo matrix, up to the blank line or the legend
+    that ends it. Other rows (NICs) are skipped."""
+    seen_row = False
+    for line in lines:
+        tokens = line.split()
+        if not tokens:
+            if seen_row:
+                return
+            continue
+        if tokens[0].startswith("Legend"):
+            return
+        match = _GPU_LABEL_RE.match(tokens[0])
+        if match:
+            seen_row = True
+            yield int(match.group(1)), tokens[1:]
+
+
 def parse_topo_matrix(text):
     """Parse ``nvidia-smi topo -m``.
 
@@ -308,19 +326,7 @@ def parse_topo_matrix(text):
     links = {}
     numa = {}
     affinity = {}
-    for line in lines[header_idx + 1:]:
-        tokens = line.split()
-        if not tokens:
-            if links or numa:
-                break
-            continue
-        match = _GPU_LABEL_RE.match(tokens[0])
-        if not match:
-            if tokens[0].startswith("Legend"):
-                break
-            continue
-        row = int(match.group(1))
-        values = tokens[1:]
+    for row, values in _gpu_rows(lines[header_idx + 1:]):
         for col_pos, col in zip(gpu_cols, gpu_ids):
             if col_pos >= len(values):
                 continue
@@ -343,32 +349,21 @@ def parse_topo_p2p(text):
     """Parse ``nvidia-smi topo -p2p r|w|n|a|p``. Returns {(i, j): status} for i < j (the upper triangle,
     falling back to the lower one when the matrix is not symmetric the upper value wins)."""
     lines = [strip_ansi(line) for line in (text or "").splitlines()]
-    header_ids = None
-    result = {}
-    for line in lines:
+    for idx, line in enumerate(lines):
         tokens = line.split()
-        if not tokens:
-            if result:
-                break
-            continue
-        if header_ids is None:
-            if all(_GPU_LABEL_RE.match(t) for t in tokens) and tokens[0] == "GPU0":
-                header_ids = [int(_GPU_LABEL_RE.match(t).group(1)) for t in tokens]
-            continue
-        match = _GPU_LABEL_RE.match(tokens[0])
-        if not match:
-            if tokens[0].startswith("Legend"):
-                break
-            continue
-        row = int(match.group(1))
-        for col, value in zip(header_ids, tokens[1:]):
+        if tokens and tokens[0] == "GPU0" and all(_GPU_LABEL_RE.match(t) for t in tokens):
+            header_ids = [int(_GPU_LABEL_RE.match(t).group(1)) for t in tokens]
+            break
+    else:
+        raise SmiParseError("nvidia-smi topo -p2p output has no GPU header line")
+    result = {}
+    for row, values in _gpu_rows(lines[idx + 1:]):
+        for col, value in zip(header_ids, values):
             if col == row or value == "X":
                 continue
             pair = (min(row, col), max(row, col))
             if row < col or pair not in result:
                 result[pair] = value
-    if header_ids is None:
-        raise SmiParseError("nvidia-smi topo -p2p output has no GPU header line")
     return result
 
 

@@ -24,7 +24,7 @@ PLAYBOOK = """
       ansible.builtin.include_role:
         name: vllm_server
         tasks_from: "{{ item }}"
-      loop: [validate.yml, image.yml]
+      loop: {steps}
 """
 BASE = {  # a valid lab-like plan; each test breaks one thing
     "vllm_server_cpu_mode": True, "vllm_server_model": "onprem-lab/tiny-qwen3", "vllm_server_model_revision": "",
@@ -47,9 +47,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def run_checks(tmp_path, **overrides):
+def run_checks(tmp_path, steps=("validate.yml", "image.yml"), **overrides):
     book = tmp_path / "play.yml"
-    book.write_text(PLAYBOOK)
+    book.write_text(PLAYBOOK.replace("{steps}", json.dumps(list(steps))))
     variables = dict(BASE, ansible_python_interpreter=sys.executable, vllm_server_port=free_port(),
                      vllm_server_hf_cache_path=str(tmp_path / "hf"), vllm_server_image_archive=str(tmp_path / "a.tar"))
     variables.update(overrides)
@@ -112,3 +112,19 @@ def test_a_valid_plan_passes_the_checks_until_the_image(tmp_path):
     # Everything before the image is fine: the only refusal is the (deliberately) missing image.
     message = run_checks(tmp_path, vllm_server_bind_address="0.0.0.0", vllm_server_api_key="lab-0123456789abcdef")
     assert message.startswith("Image onprem-test/not-an-image:v0.32.0 is not on localhost")
+
+
+def test_archive_without_room_to_load_is_refused(tmp_path):
+    # A sparse file: it claims 8 TiB and takes no space, so no disk here has twice that free.
+    archive = tmp_path / "huge.tar"
+    with archive.open("wb") as handle:
+        handle.truncate(8 * 1024**4)
+    message = run_checks(tmp_path, vllm_server_image_archive=str(archive))
+    assert message.startswith(f"Loading {archive} (8192.0 GiB) needs about 16384.0 GiB free under /")
+    assert "docker image prune -a" in message
+
+
+def test_image_check_alone_refuses_a_missing_image(tmp_path):
+    # What the fleet rollout runs on every host before the first drain: image_check.yml without validate.yml.
+    message = run_checks(tmp_path, steps=["image_check.yml"], vllm_server_image_tag="v0.32.9")
+    assert message.startswith("Image onprem-test/not-an-image:v0.32.9 is not on localhost and the archive")
