@@ -176,3 +176,26 @@ def test_kv_check_names_a_missing_model_config(tmp_path):
                      gpu_preflight_model_config_path=str(tmp_path / "nowhere"))
     assert rc != 0
     assert "gpu_preflight_model_config_on_controller" in failure(tasks)
+
+
+def test_seed_plan_at_tp2_on_two_h200_replays_the_live_decision(tmp_path):
+    """tests/device/preflight_real.yml ran the role for the seed model at TP=2 on a real two-H200 machine (NVLink);
+    replaying that machine's nvidia-smi outputs gives the same GPUs, NCCL settings and KV plan."""
+    with open(os.path.join(FIXTURES, "h200-x2", "live-2026-11-30", "preflight_tp2.json")) as handle:
+        live = json.load(handle)
+    rc, tasks = play(tmp_path, "h200-x2", vllm_server_tensor_parallel_size=2, vllm_server_max_model_len=32768,
+                     vllm_server_gpu_memory_utilization=0.90, vllm_server_max_num_batched_tokens=8192,
+                     vllm_server_max_num_seqs=64, vllm_server_image_tag="v0.32.0", gpu_preflight_quantization="fp8",
+                     gpu_preflight_model_config_path=os.path.join(MODELS, "Qwen3-30B-A3B-FP8", "config.json"))
+    assert rc == 0, failure(tasks)
+    published = tasks["Dump the published facts"]["msg"]
+    assert published["uuids"] == live["selected_gpu_uuids"] and len(published["uuids"]) == 2
+    assert published["nccl"] == live["nccl_env"] == {"NCCL_P2P_DISABLE": "0"}
+    assert int(published["mem"]) == live["gpu_memory_bytes"] == 150754820096
+    plan = tasks["Plan the KV cache"]
+    for key in ("kv_bytes_per_token", "weights_bytes_per_gpu", "available_kv_cache_bytes", "num_gpu_blocks",
+                "kv_cache_tokens", "max_concurrency", "fits"):
+        assert plan[key] == live["kv_plan"][key], key
+    # TP=2 halves the per-GPU KV of a token (4 KV heads over 2 GPUs) against the one-GPU plan on the same memory.
+    with open(os.path.join(FIXTURES, "h200-x2", "live-2026-11-30", "preflight_tp1.json")) as handle:
+        assert live["kv_plan"]["kv_bytes_per_token"] * 2 == json.load(handle)["kv_plan"]["kv_bytes_per_token"]

@@ -133,3 +133,70 @@ def test_nonexistent_smi_path():
 def test_bad_backend_choice():
     result = run_module("gpu_topology", {"backend": "rocm"})
     assert result["failed"] and "backend" in result["msg"]
+
+
+X2 = os.path.join(FIXTURES, "h200-x2")
+X2_LIVE = os.path.join(X2, "live-2026-11-30")
+X2_UUIDS = ["GPU-b498cf63-9a07-5c12-d36f-c97d76088490", "GPU-dbc5aa98-63a5-3494-39cf-05b5b2dc9ccb"]
+
+
+def x2_live_results():
+    """What the modules returned on the two-H200 machine, keyed by (module, backend, tensor_parallel_size)."""
+    with open(os.path.join(X2_LIVE, "facts.jsonl")) as handle:
+        rows = [json.loads(line) for line in handle]
+    return {(r["_module"], r["_args"]["backend"], r["_args"].get("tensor_parallel_size")): r for r in rows}
+
+
+def smi_matrix(name):
+    """nvidia-smi's own matrix from a raw capture, read independently of the module's parser: {"i-j": value}."""
+    with open(os.path.join(X2, name)) as handle:
+        rows = [line.replace("\x1b[4m", "").replace("\x1b[0m", "").split() for line in handle]
+    header = next(r for r in rows if r and r[0] == "GPU0")
+    cells = {}
+    for row in rows[rows.index(header) + 1:]:
+        if not row or not row[0].startswith("GPU"):
+            break
+        for col, value in zip(header, row[1:]):
+            if col != row[0]:
+                cells["%s-%s" % (row[0][3:], col[3:])] = value
+    return cells
+
+
+@pytest.mark.parametrize("backend", ["nvml", "nvidia-smi"])
+def test_two_h200_links_and_p2p_match_nvidia_smi_for_every_pair(backend):
+    # The NVML backend never reads nvidia-smi: this compares two independent readings of the same machine.
+    live = x2_live_results()[("gpu_topology", backend, None)]
+    topo, reads, writes, nvlinks = (smi_matrix(n) for n in ("topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt",
+                                                              "topo-p2p-n.txt"))
+    pairs = ["%d-%d" % (i, j) for i in range(live["gpu_count"]) for j in range(i + 1, live["gpu_count"])]
+    assert live["gpu_count"] == 2 and sorted(live["links"]) == pairs
+    for pair in pairs:
+        i, j = pair.split("-")
+        assert topo[pair] == topo["%s-%s" % (j, i)] == live["links"][pair]["type"] == "NV18"
+        assert live["links"][pair]["nvlink_count"] == 18
+        assert reads[pair] == live["links"][pair]["p2p_read"] == "OK"
+        assert writes[pair] == live["links"][pair]["p2p_write"] == "OK"
+        assert nvlinks[pair] == live["links"][pair]["p2p_nvlink"] == "OK"
+    assert live["nvswitch"]["present"] is True
+
+
+@pytest.mark.parametrize("backend", ["nvml", "nvidia-smi"])
+def test_two_h200_gpu_sets_for_each_tensor_parallel_size(backend):
+    live = x2_live_results()
+    assert live[("gpu_topology", backend, 1)]["plan"]["selected_indices"] == [0]
+    assert live[("gpu_topology", backend, 1)]["plan"]["nccl_env"] == {}
+    both = live[("gpu_topology", backend, 2)]["plan"]
+    assert both["ok"] and both["selected_uuids"] == X2_UUIDS
+    # NVLink with P2P OK: P2P stays on and vLLM's custom all-reduce is kept (NCCL used P2P/CUMEM there, 0 NVLS channels).
+    assert both["nccl_env"] == {"NCCL_P2P_DISABLE": "0"} and both["disable_custom_all_reduce"] is False
+    assert both["gpu_memory_bytes"] == 150754820096
+    three = live[("gpu_topology", backend, 3)]["plan"]
+    assert not three["ok"] and three["msg"].startswith("tensor_parallel_size 3 needs 3 GPUs, but only the 2 GPU(s)")
+
+
+def test_two_h200_capture_replays_to_the_live_facts():
+    """Replaying the raw outputs captured on the two-H200 machine gives what the module returned live there."""
+    live = x2_live_results()[("gpu_topology", "nvidia-smi", 2)]
+    result = smi("h200-x2", tensor_parallel_size=2)
+    for key in ("status", "driver_version", "cuda_driver_version", "gpu_count", "gpus", "links", "nvswitch", "plan"):
+        assert result[key] == live[key], key
