@@ -166,8 +166,8 @@ def smi_matrix(name):
 def test_two_h200_links_and_p2p_match_nvidia_smi_for_every_pair(backend):
     # The NVML backend never reads nvidia-smi: this compares two independent readings of the same machine.
     live = x2_live_results()[("gpu_topology", backend, None)]
-    topo, reads, writes, nvlinks = (smi_matrix(n) for n in ("topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt",
-                                                              "topo-p2p-n.txt"))
+    names = ("topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt", "topo-p2p-n.txt")
+    topo, reads, writes, nvlinks = (smi_matrix(name) for name in names)
     pairs = ["%d-%d" % (i, j) for i in range(live["gpu_count"]) for j in range(i + 1, live["gpu_count"])]
     assert live["gpu_count"] == 2 and sorted(live["links"]) == pairs
     for pair in pairs:
