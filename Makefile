@@ -43,7 +43,7 @@ sanity: venv
 	tools/sanity.sh
 
 unit: venv
-	pytest tests/unit -q
+	pytest tests/unit -q -n auto
 
 # The scenarios of the test command; `make test-fleet` runs the fleet scenario (3 workstations + a gateway under a
 # prober) alone.

@@ -46,7 +46,7 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
     settings keys (None or missing = leave vLLM's default): model (required), revision, served_model_name, port,
     tensor_parallel_size, pipeline_parallel_size, max_model_len, gpu_memory_utilization, max_num_batched_tokens,
     max_num_seqs, kv_cache_dtype, enable_chunked_prefill, enable_prefix_caching, enable_expert_parallel,
-    disable_custom_all_reduce, extra_args (list, appended last).
+    disable_custom_all_reduce, enforce_eager, extra_args (list, appended last).
     """
     parsed = parse_version(version)
     model = settings.get("model")
@@ -78,6 +78,8 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
         args.append("--enable-expert-parallel")
     if settings.get("disable_custom_all_reduce"):
         args.append("--disable-custom-all-reduce")
+    if settings.get("enforce_eager"):
+        args.append("--enforce-eager")
     if parsed < REQUEST_LOGGING_OFF_BY_DEFAULT:
         args.append("--disable-log-requests")
     extra = list(settings.get("extra_args") or [])

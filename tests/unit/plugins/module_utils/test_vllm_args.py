@@ -63,6 +63,11 @@ def test_fp8_kv_cache_and_parallelism_flags():
     assert "--enable-expert-parallel" in args and "--disable-custom-all-reduce" in args
 
 
+def test_enforce_eager_only_when_asked():
+    assert "--enforce-eager" not in render_serve_args(SEED, "v0.32.0")
+    assert "--enforce-eager" in render_serve_args(dict(SEED, enforce_eager=True), "v0.32.0")
+
+
 def test_extra_args_come_last():
     args = render_serve_args(dict(SEED, extra_args=["--reasoning-parser", "qwen3"]), "v0.32.0")
     assert args[-2:] == ["--reasoning-parser", "qwen3"]
