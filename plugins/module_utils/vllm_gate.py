@@ -54,13 +54,21 @@ def _short(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def check_container(state: dict | None) -> None:
-    """state: `docker inspect` .State, or None when the container does not exist."""
+def check_container(state: dict | None, restarts_at_start: int | None = None) -> None:
+    """state: `docker inspect` .State (plus the container's RestartCount), or None when the container does not exist.
+
+    restarts_at_start: RestartCount when the gate began. A restart policy brings a crashed vLLM straight back, so the
+    container reads "running" most of the time and "restarting" only in the backoff between attempts: one restart
+    since the gate began already says vLLM exits at startup (waiting to catch "restarting" took minutes)."""
     if state is None:
         raise StepBroken("the container does not exist")
     if state.get("Restarting"):
         raise StepBroken(f"the container is in a restart loop (last exit code {state.get('ExitCode')}): vLLM exits "
                          "at startup, see its log below")
+    restarts = state.get("RestartCount")
+    if restarts_at_start is not None and restarts is not None and restarts > restarts_at_start:
+        raise StepBroken(f"the container exited and Docker restarted it {restarts - restarts_at_start} time(s) during "
+                         f"the gate (last exit code {state.get('ExitCode')}): vLLM exits at startup, see its log below")
     if not state.get("Running"):
         raise StepBroken(f"the container is not running (status {state.get('Status')}, exit code "
                          f"{state.get('ExitCode')}{', OOM-killed' if state.get('OOMKilled') else ''})")
@@ -120,11 +128,18 @@ def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Respons
     deadline = clock() + config.timeout
     completion_request = {"model": config.served_model_name, "max_tokens": 1, "temperature": 0,
                           "messages": [{"role": "user", "content": config.prompt}]}
+    restarts_at_start: list = []  # the first RestartCount seen
+
+    def container_checked() -> None:
+        state = container_state()
+        if state is not None and not restarts_at_start:
+            restarts_at_start.append(state.get("RestartCount"))
+        check_container(state, restarts_at_start[0] if restarts_at_start else None)
 
     def probe(step: str) -> None:
         if step == "container":
             if container_state is not None:
-                check_container(container_state())
+                container_checked()
             return
         if step == "health":
             resp = http("GET", "/health", None)
@@ -159,7 +174,7 @@ def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Respons
                     return _failed(result, step, f"not ready after {config.timeout:.0f} s: {exc}")
                 if container_state is not None and step != "container":
                     try:  # a container that died while we poll HTTP will never answer: say so now
-                        check_container(container_state())
+                        container_checked()
                     except StepBroken as dead:
                         return _failed(result, step, str(dead))
                     except StepNotReady:

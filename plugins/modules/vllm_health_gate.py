@@ -151,9 +151,13 @@ def main():
         docker = module.get_bin_path(params["docker_path"], required=True)
 
         def container_state():
-            rc, out, _err = module.run_command([docker, "inspect", "--format", "{{json .State}}",
+            rc, out, _err = module.run_command([docker, "inspect", "--format",
+                                                '{"RestartCount": {{.RestartCount}}, "State": {{json .State}}}',
                                                 params["container_name"]])
-            return json.loads(out) if rc == 0 else None
+            if rc != 0:
+                return None
+            inspected = json.loads(out)
+            return dict(inspected["State"], RestartCount=inspected["RestartCount"])
 
     config = GateConfig(served_model_name=params["served_model_name"], api_key=params["api_key"],
                         timeout=params["timeout"], poll_interval=params["poll_interval"],

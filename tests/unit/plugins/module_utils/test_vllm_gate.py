@@ -119,6 +119,26 @@ def test_container_dying_during_http_polling_is_reported_without_waiting_out_the
     assert clock.now < 900
 
 
+def test_a_restart_since_the_gate_began_fails_it_without_waiting_for_the_backoff():
+    # Seen in the lab: a restart policy brings vLLM back at once, so between crashes the container reads "running"
+    # (health "starting") and "restarting" only in the growing backoff.
+    starting = {"Running": True, "Status": "running", "Health": {"Status": "starting"}}
+    states = iter([dict(starting, RestartCount=0), dict(starting, RestartCount=0),
+                   dict(starting, RestartCount=1, ExitCode=1)])
+    clock = FakeClock()
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), server(), lambda: next(states),
+                      clock=clock, sleep=clock.sleep)
+    assert result.failed_step == "container"
+    assert "restarted it 1 time(s) during the gate (last exit code 1)" in result.message
+    assert clock.now < 900
+
+
+def test_restarts_before_the_gate_do_not_fail_a_healthy_server():
+    # An unchanged server that Docker restarted once, days ago, serves: the count only matters if it grows.
+    result = gate(server(), state=lambda: dict(HEALTHY, RestartCount=3))
+    assert result.passed
+
+
 def test_a_crash_looping_container_is_reported_as_such():
     looping = {"Running": True, "Restarting": True, "Status": "restarting", "ExitCode": 1}
     result = gate(server(), state=lambda: looping)
