@@ -90,7 +90,7 @@ class ChunkedDecoder:
 
     def __init__(self):
         self._buf = b""
-        self._state = "size"  # size → data → crlf → size … → done
+        self._state = "size"  # size → data → crlf → size … → trailer → done
         self._remaining = 0
         self.done = False
 
@@ -108,10 +108,7 @@ class ChunkedDecoder:
                     self._remaining = int(size_text, 16)
                 except ValueError:
                     raise ValueError("bad chunk size line %r" % size_text[:40])
-                if self._remaining == 0:
-                    self.done = True
-                    break
-                self._state = "data"
+                self._state = "trailer" if self._remaining == 0 else "data"
             elif self._state == "data":
                 if not self._buf:
                     break
@@ -121,6 +118,14 @@ class ChunkedDecoder:
                 self._remaining -= len(take)
                 if self._remaining == 0:
                     self._state = "crlf"
+            elif self._state == "trailer":
+                # Trailer fields up to the empty line: read to the end, so that a kept-alive connection's next answer
+                # starts at its status line.
+                end = self._buf.find(b"\r\n")
+                if end < 0:
+                    break
+                self._buf = self._buf[end + 2:]
+                self.done = end == 0
             else:
                 if len(self._buf) < 2:
                     break
@@ -230,17 +235,18 @@ async def _read_headers(reader):
     return status, reason, headers
 
 
-async def _body_chunks(reader, headers):
-    """Yield the decoded body bytes as they arrive."""
+async def _body_chunks(reader, headers, progress):
+    """Yield the decoded body bytes as they arrive; progress["complete"] turns true once the whole body was read."""
     if "chunked" in headers.get("transfer-encoding", "").lower():
         decoder = ChunkedDecoder()
         while not decoder.done:
             data = await reader.read(65536)
             if not data:
-                break
+                return
             out = decoder.feed(data)
             if out:
                 yield out
+        progress["complete"] = True
         return
     length = headers.get("content-length")
     remaining = int(length) if length is not None else None
@@ -251,12 +257,62 @@ async def _body_chunks(reader, headers):
         if remaining is not None:
             remaining -= len(data)
         yield data
+    progress["complete"] = remaining == 0
 
 
-async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True):
-    """One streaming chat completion. Returns a result dict; never raises for network or HTTP failures."""
+class ConnectionPool:
+    """Idle HTTP/1.1 keep-alive connections, reused by the next request as client libraries do (`vllm bench serve`'s
+    aiohttp session among them): a new connection per request costs the server event-loop time that then shows in the
+    TTFT being measured. One pool per event loop."""
+
+    def __init__(self, ssl_verify=True):
+        self.ssl_verify = ssl_verify
+        self.opened = 0
+        self._idle = {}
+
+    async def acquire(self, scheme, host, port):
+        """(reader, writer, reused) for the endpoint: an idle connection when one is left, else a new one."""
+        idle = self._idle.get((scheme, host, port), [])
+        while idle:
+            reader, writer = idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer, True
+            writer.close()
+        context = None
+        if scheme == "https":
+            context = ssl.create_default_context()
+            if not self.ssl_verify:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        reader, writer = await asyncio.open_connection(host, port, ssl=context)
+        self.opened += 1
+        return reader, writer, False
+
+    def release(self, scheme, host, port, reader, writer):
+        self._idle.setdefault((scheme, host, port), []).append((reader, writer))
+
+    async def close(self):
+        writers = [writer for conns in self._idle.values() for _reader, writer in conns]
+        self._idle = {}
+        for writer in writers:
+            writer.close()
+        for writer in writers:
+            try:
+                await writer.wait_closed()
+            except (OSError, ConnectionError):
+                pass
+
+
+async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True, pool=None):
+    """One streaming chat completion. Returns a result dict; never raises for network or HTTP failures.
+
+    pool: a ConnectionPool to take the connection from and give it back to (else one connection, closed after)."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    endpoint = (parts.scheme, parts.hostname, port)
+    own_pool = pool is None
+    if own_pool:
+        pool = ConnectionPool(ssl_verify)
     path = parts.path + (("?" + parts.query) if parts.query else "")
     payload = json.dumps(body).encode("utf-8")
     headers = [
@@ -265,7 +321,6 @@ async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True):
         "Content-Type: application/json",
         "Accept: text/event-stream",
         "Content-Length: %d" % len(payload),
-        "Connection: close",
         "User-Agent: onprem.vllm-benchmark",
     ]
     if api_key:
@@ -279,20 +334,25 @@ async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True):
 
     async def run():
         nonlocal writer
-        context = None
-        if parts.scheme == "https":
-            context = ssl.create_default_context()
-            if not ssl_verify:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-        reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=context)
-        stage[0] = "waiting for an answer from"
-        writer.write(request)
-        await writer.drain()
-        status, reason, resp_headers = await _read_headers(reader)
+        while True:
+            stage[0] = "connecting to"
+            reader, writer, reused = await pool.acquire(*endpoint)
+            stage[0] = "waiting for an answer from"
+            try:
+                writer.write(request)
+                await writer.drain()
+                status, reason, resp_headers = await _read_headers(reader)
+                break
+            except (OSError, ConnectionError):
+                writer.close()
+                writer = None
+                if not reused:
+                    raise
+                # The server had closed the idle connection (its keep-alive timeout): a new one, as HTTP clients do.
+        progress = {"complete": False}
         if status != 200:
             text = b""
-            async for data in _body_chunks(reader, resp_headers):
+            async for data in _body_chunks(reader, resp_headers, progress):
                 text += data
                 if len(text) > 4096:
                     break
@@ -304,7 +364,7 @@ async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True):
         content_chunks = 0
         usage = None
         done = False
-        async for data in _body_chunks(reader, resp_headers):
+        async for data in _body_chunks(reader, resp_headers, progress):
             now = time.perf_counter()
             for event in parser.feed(data):
                 if event.strip() == "[DONE]":
@@ -346,6 +406,9 @@ async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True):
             result["tpot"] = (last - first) / (tokens - 1)
             result["decode_tps"] = (tokens - 1) / (last - first)
         result["ok"] = True
+        if progress["complete"] and resp_headers.get("connection", "").lower() != "close":
+            pool.release(*endpoint, reader, writer)
+            writer = None
 
     try:
         await asyncio.wait_for(run(), timeout)
@@ -360,6 +423,8 @@ async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True):
     finally:
         if writer is not None:
             writer.close()
+        if own_pool:
+            await pool.close()
     if result["latency"] is None:
         result["latency"] = time.perf_counter() - start
     return result
@@ -434,14 +499,15 @@ def summarize_level(concurrency, results, duration):
 # Driving the load
 
 
-async def run_level(url, api_key, body, concurrency, num_requests, timeout=120.0, ssl_verify=True, on_done=None):
+async def run_level(url, api_key, body, concurrency, num_requests, timeout=120.0, ssl_verify=True, on_done=None,
+                    pool=None):
     """num_requests requests, at most `concurrency` in flight. Returns (results, wall seconds)."""
     sem = asyncio.Semaphore(concurrency)
     results = []
 
     async def one():
         async with sem:
-            res = await stream_chat(url, api_key, body, timeout=timeout, ssl_verify=ssl_verify)
+            res = await stream_chat(url, api_key, body, timeout=timeout, ssl_verify=ssl_verify, pool=pool)
             results.append(res)
             if on_done is not None:
                 on_done(res, len(results), num_requests)
@@ -467,10 +533,11 @@ def run_sweep(url, api_key, body, concurrency, num_requests, warmup=1, timeout=1
             progress(event)
 
     loop = asyncio.new_event_loop()
+    pool = ConnectionPool(ssl_verify)
     try:
         if warmup:
             results, elapsed = loop.run_until_complete(
-                run_level(url, api_key, body, 1, int(warmup), timeout=timeout, ssl_verify=ssl_verify))
+                run_level(url, api_key, body, 1, int(warmup), timeout=timeout, ssl_verify=ssl_verify, pool=pool))
             failed = [r for r in results if not r["ok"]]
             out["warmup"] = {"requests": len(results), "failed": len(failed), "duration_s": _r(elapsed)}
             report({"phase": "warmup", "done": len(results), "failed": len(failed)})
@@ -494,7 +561,8 @@ def run_sweep(url, api_key, body, concurrency, num_requests, warmup=1, timeout=1
                 report({"phase": "level", "concurrency": level, "done": done, "total": total, "ok": res["ok"]})
 
             results, elapsed = loop.run_until_complete(
-                run_level(url, api_key, body, level, count, timeout=timeout, ssl_verify=ssl_verify, on_done=on_done))
+                run_level(url, api_key, body, level, count, timeout=timeout, ssl_verify=ssl_verify, on_done=on_done,
+                          pool=pool))
             summary = summarize_level(level, results, elapsed)
             out["levels"].append(summary)
             report({"phase": "level_done", "concurrency": level, "summary": summary})
@@ -507,6 +575,7 @@ def run_sweep(url, api_key, body, concurrency, num_requests, warmup=1, timeout=1
                                        "; levels %s were not run" % rest if rest else ""))
                 break
     finally:
+        loop.run_until_complete(pool.close())
         loop.close()
     return out
 

@@ -16,9 +16,12 @@ KEY = "test-key-123456789"
 class FakeVllm:
     """A tiny OpenAI-compatible streaming server on 127.0.0.1 (HTTP/1.1, chunked SSE like uvicorn)."""
 
-    def __init__(self, tokens=5, delay=0.002, status=200, role_chunk=True):
+    def __init__(self, tokens=5, delay=0.002, status=200, role_chunk=True, keep_alive=False):
         self.tokens, self.delay, self.status, self.role_chunk = tokens, delay, status, role_chunk
+        # keep_alive=False closes after each answer without saying so: a client's pooled connection then goes stale.
+        self.keep_alive = keep_alive
         self.bodies = []
+        self.connections = 0
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -38,7 +41,17 @@ class FakeVllm:
         return "http://127.0.0.1:%d/v1" % self.port
 
     async def handle(self, reader, writer):
-        head = await reader.readuntil(b"\r\n\r\n")
+        self.connections += 1
+        while await self.answer(reader, writer) and self.keep_alive:
+            pass
+        writer.close()
+
+    async def answer(self, reader, writer):
+        """One request on the connection; False when the connection is done."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
         headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:] if ": " in line)
         body = json.loads(await reader.readexactly(int(headers["Content-Length"])))
         self.bodies.append(body)
@@ -47,8 +60,7 @@ class FakeVllm:
             payload = b'{"error":"Unauthorized"}'
             writer.write(b"HTTP/1.1 %d Nope\r\nContent-Length: %d\r\n\r\n%s" % (status, len(payload), payload))
             await writer.drain()
-            writer.close()
-            return
+            return True
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 
         def chunk(obj):
@@ -64,7 +76,7 @@ class FakeVllm:
         writer.write(chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": self.tokens}}))
         writer.write(chunk("[DONE]") + b"0\r\n\r\n")
         await writer.drain()
-        writer.close()
+        return True
 
     def stop(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -95,6 +107,13 @@ def test_chunked_decoder_byte_by_byte():
     decoder = lg.ChunkedDecoder()
     out = b"".join(decoder.feed(raw[i:i + 1]) for i in range(len(raw)))
     assert out == b"hello world" and decoder.done
+
+
+def test_chunked_decoder_reads_the_trailer_section_to_its_end():
+    decoder = lg.ChunkedDecoder()
+    assert decoder.feed(b"2\r\nhi\r\n0\r\nX-Trailer: 1\r\n") == b"hi" and not decoder.done
+    decoder.feed(b"\r\n")
+    assert decoder.done
 
 
 def test_percentile_matches_numpy_linear():
@@ -142,6 +161,18 @@ def test_sweep_aggregates(server):
     assert level["ttft_p50_ms"] <= level["ttft_p99_ms"]
     assert level["output_throughput"] == pytest.approx(30 / level["duration_s"], rel=0.02)
     assert len(server.bodies) == 1 + 4 + 6
+    # This server closes every connection after its answer: each pooled connection went stale and was replaced.
+    assert server.connections == 1 + 4 + 6
+
+
+def test_sweep_keeps_connections_alive():
+    srv = FakeVllm(keep_alive=True)
+    try:
+        out = lg.run_sweep(lg.chat_url(srv.url), KEY, body(), [1, 3], {1: 4, 3: 6}, warmup=1)
+    finally:
+        srv.stop()
+    assert not out["partial"] and sum(lv["successful"] for lv in out["levels"]) == 10
+    assert len(srv.bodies) == 11 and srv.connections <= 3
 
 
 def test_wrong_key_is_a_clear_partial_result(server):
