@@ -262,8 +262,8 @@ async def _body_chunks(reader, headers, progress):
 
 class ConnectionPool:
     """Idle HTTP/1.1 keep-alive connections, reused by the next request as client libraries do (`vllm bench serve`'s
-    aiohttp session among them): a new connection per request costs the server event-loop time that then shows in the
-    TTFT being measured. One pool per event loop."""
+    aiohttp session among them), so the server does the connection work a real client causes. One pool per event
+    loop."""
 
     def __init__(self, ssl_verify=True):
         self.ssl_verify = ssl_verify
