@@ -267,7 +267,6 @@ class ConnectionPool:
 
     def __init__(self, ssl_verify=True):
         self.ssl_verify = ssl_verify
-        self.opened = 0
         self._idle = {}
 
     async def acquire(self, scheme, host, port):
@@ -285,7 +284,6 @@ class ConnectionPool:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
         reader, writer = await asyncio.open_connection(host, port, ssl=context)
-        self.opened += 1
         return reader, writer, False
 
     def release(self, scheme, host, port, reader, writer):
