@@ -1,20 +1,27 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Validate our load generator against vLLM's own: the same load measured by both on a lab server, side by side.
+"""Validate our load generator against vLLM's own: the same load measured by both on one server, side by side.
 
   python3 benchmarks/compare_vllm_bench.py [--host onprem-lab-ws1] [--concurrency 1,4,8,16] [--num-prompts 64]
-                                           [--output-len 64] [--json out.json]
+                                           [--output-len 64] [--rounds 3] [--json out.json]
+  python3 benchmarks/compare_vllm_bench.py --base-url http://127.0.0.1:8000 --model /path/to/model \
+      --served-model-name NAME [--vllm-bench "python3 -m vllm.entrypoints.cli.main bench serve"] [--client-cpus 0-1]
 
-Fairness: both clients run on the lab host itself against http://127.0.0.1:8000 (same network path); the same
-prompt text (a ShareGPT-layout file for vLLM's side; the server applies the chat template for both), exactly --output-len tokens
-(ignore_eos + min_tokens), the same concurrency limit with every request released at once (request rate inf),
-one warm-up request each, the same number of requests. The two clients take turns for --rounds rounds in ABBA
-order (ours, vLLM's, vLLM's, ours, ...) and each figure is the median over a client's rounds, so drift and a single
-stall (other load on a 2-core lab machine) favour neither side. On a CPU lab the server and the clients would share the
-same cores, so by default (--isolate) the server container is pinned to every CPU but the first for the run and each
-client to the first (`docker update --cpuset-cpus`, `taskset`, `docker run --cpuset-cpus`); the server's own pinning
-is restored afterwards. `vllm bench serve` runs in the
-lab's serving image (vLLM 0.32.0 CPU build) with `--entrypoint vllm`, the host's HF cache for the tokenizer and
-HF_HUB_OFFLINE=1; the API key travels as an inherited environment variable, never as an argument.
+Fairness: both clients run on the same machine against the same URL (on the lab: the lab host itself, against
+http://127.0.0.1:8000); the same prompt text (a ShareGPT-layout file for vLLM's side; the server applies the chat
+template for both), exactly --output-len tokens (ignore_eos + min_tokens), the same concurrency limit with every request
+released at once (request rate inf), one warm-up request each, the same number of requests. The two clients take turns
+for --rounds rounds in ABBA order (ours, vLLM's, vLLM's, ours, ...) and each figure is the median over a client's
+rounds, so drift and a single stall favour neither side.
+
+Lab mode (default): on a CPU lab the server and the clients would share the same cores, so by default (--isolate) the
+server container is pinned to every CPU but the first for the run and each client to the first (`docker update
+--cpuset-cpus`, `taskset`, `docker run --cpuset-cpus`); the server's own pinning is restored afterwards. `vllm bench
+serve` runs in the lab's serving image (vLLM 0.32.0 CPU build) with `--entrypoint vllm`, the host's HF cache for the
+tokenizer and HF_HUB_OFFLINE=1; the API key travels as an inherited environment variable, never as an argument.
+
+Local mode (--base-url): both clients run on this machine against a server that is already up (a GPU host, say);
+`--vllm-bench` is the command that runs vLLM's benchmark there, `--client-cpus` pins both clients with taskset (pin the
+server elsewhere yourself), the key comes from OPENAI_API_KEY (none when unset).
 
 Prints, per concurrency: output tok/s and TTFT mean/p50/p99 of both and the relative difference (ours vs vLLM).
 Exit status 1 when output tok/s or TTFT p50 differs by more than --tolerance percent (default 10); TTFT mean and p99
@@ -25,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -88,30 +97,59 @@ def server_pinned(host, container, cpus, count):
 
 
 def run_ours(host, env, args, levels, client_cpus):
+    """Our load generator, run by the target machine's python3 (the lab host's, or this machine's in local mode)."""
     source = LOADGEN.read_text().replace("from __future__ import annotations", "")
-    cfg = {"url": "http://127.0.0.1:%d/v1/chat/completions" % args.port, "model": args.served_model_name,
+    cfg = {"url": "%s/v1/chat/completions" % base_url(args), "model": args.served_model_name,
            "prompt": args.prompt, "output_len": args.output_len, "concurrency": levels, "num_prompts": args.num_prompts}
     pin = ["taskset", "-c", client_cpus] if client_cpus else []
-    out = sh(["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host, *pin, "python3", "-", json.dumps(cfg)], env=env,
-             stdin=source + "\n" + OURS_DRIVER)
+    python = [*pin, sys.executable if args.base_url else "python3", "-", json.dumps(cfg)]
+    prefix = [] if args.base_url else ["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host]
+    out = sh(prefix + python, env=env, stdin=source + "\n" + OURS_DRIVER)
     line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
     return {int(k): v for k, v in json.loads(line[7:]).items()}
 
 
-def run_vllm(host, env, args, levels, client_cpus):
-    work = "/tmp/onprem-vllm-compare"
-    # ShareGPT layout: the image has no pandas, which vLLM's `custom` (JSONL) dataset needs; ShareGPT is read with json.
-    rows = json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
+def base_url(args):
+    return args.base_url.rstrip("/") if args.base_url else "http://127.0.0.1:%d" % args.port
+
+
+def sharegpt_rows(args):
+    """The prompt as a ShareGPT-layout file: the lab image has no pandas, which vLLM's `custom` (JSONL) dataset needs."""
+    return json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
                        for idx in range(args.num_prompts + 1)])
+
+
+def vllm_bench_args(args, level, url, model, dataset, result_dir):
+    return ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", url,
+            "--model", model, "--served-model-name", args.served_model_name, "--dataset-name", "sharegpt",
+            "--dataset-path", dataset, "--sharegpt-output-len", str(args.output_len), "--ignore-eos",
+            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(level), "--request-rate", "inf",
+            "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--disable-tqdm", "--save-result", "--result-dir", result_dir, "--result-filename", "c%d.json" % level]
+
+
+def run_vllm_local(env, args, levels, client_cpus):
+    """`vllm bench serve` on this machine (local mode), one run per level, results read back from its JSON files."""
+    pin = ["taskset", "-c", client_cpus] if client_cpus else []
+    with tempfile.TemporaryDirectory(prefix="onprem-vllm-compare-") as work:
+        dataset = os.path.join(work, "prompts.sharegpt")
+        Path(dataset).write_text(sharegpt_rows(args))
+        log = []
+        for level in levels:
+            log.append(sh([*pin, *shlex.split(args.vllm_bench),
+                           *vllm_bench_args(args, level, base_url(args), args.model, dataset, work)],
+                          env=env, timeout=1800))
+        return {level: json.loads(Path(work, "c%d.json" % level).read_text()) for level in levels}, "".join(log)
+
+
+def run_vllm(host, env, args, levels, client_cpus):
+    if args.base_url:
+        return run_vllm_local(env, args, levels, client_cpus)
+    work = "/tmp/onprem-vllm-compare"
     sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/prompts.sharegpt"
-        % (work, work, work)], stdin=rows)
-    loop = " ; ".join(
-        "vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --base-url http://127.0.0.1:%d "
-        "--model %s --served-model-name %s --dataset-name sharegpt --dataset-path /data/prompts.sharegpt "
-        "--sharegpt-output-len %d --ignore-eos --num-prompts %d --max-concurrency %d "
-        "--request-rate inf --num-warmups 1 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 "
-        "--disable-tqdm --save-result --result-dir /data --result-filename c%d.json || exit 1"
-        % (args.port, args.model, args.served_model_name, args.output_len, args.num_prompts, level, level)
+        % (work, work, work)], stdin=sharegpt_rows(args))
+    loop = " ; ".join("vllm bench serve %s || exit 1" % shlex.join(
+        vllm_bench_args(args, level, base_url(args), args.model, "/data/prompts.sharegpt", "/data"))
         for level in levels)
     pin = ["--cpuset-cpus", client_cpus] if client_cpus else []
     log = sh(["docker", "exec", "-e", "OPENAI_API_KEY", host, "docker", "run", "--rm", "--network", "host", *pin,
@@ -155,19 +193,30 @@ def main(argv=None):
     parser.add_argument("--no-isolate", dest="isolate", action="store_false",
                         help="let the server and the clients share every CPU")
     parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--base-url", help="local mode: run both clients on this machine against this server URL")
+    parser.add_argument("--vllm-bench", default="vllm bench serve",
+                        help="local mode: the command that runs vLLM's benchmark (the CPU build needs "
+                             "'python3 -m vllm.entrypoints.cli.main bench serve')")
+    parser.add_argument("--client-cpus", help="local mode: CPU list both clients are pinned to (taskset -c)")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     if args.rounds < 1:
         sys.exit("--rounds needs at least 1 (got %d)" % args.rounds)
     if not levels or min(levels) < 1:
         sys.exit("--concurrency needs levels of at least 1 (got %r)" % args.concurrency)
-    env = dict(os.environ, OPENAI_API_KEY=api_key(args.host))
-    count = int(sh(["docker", "exec", args.host, "nproc", "--all"]).strip())
-    split = cpu_split(count) if args.isolate else None
+    if args.base_url:
+        env = dict(os.environ)
+        split = (args.client_cpus, "not pinned by this script") if args.client_cpus else None
+        pinned = nullcontext()
+    else:
+        env = dict(os.environ, OPENAI_API_KEY=api_key(args.host))
+        count = int(sh(["docker", "exec", args.host, "nproc", "--all"]).strip())
+        split = cpu_split(count) if args.isolate else None
+        pinned = server_pinned(args.host, args.container, split[1], count) if split else nullcontext()
     client_cpus = split[0] if split else None
     print("CPUs: " + ("clients on %s, server on %s" % split if split else "shared by the server and the clients"))
     ours_runs, vllm_runs = [], []
-    with server_pinned(args.host, args.container, split[1], count) if split else nullcontext():
+    with pinned:
         for turn in range(2 * args.rounds):
             ours_turn = turn % 4 in (0, 3)   # ABBA: ours, vLLM, vLLM, ours, ...
             print("round %d/%d: %s ..." % (turn // 2 + 1, args.rounds, "ours" if ours_turn else "vllm bench serve"),
