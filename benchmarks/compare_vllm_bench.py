@@ -4,7 +4,7 @@
   python3 benchmarks/compare_vllm_bench.py [--host onprem-lab-ws1] [--concurrency 1,4,8,16] [--num-prompts 64]
                                            [--output-len 64] [--rounds 3] [--json out.json]
   python3 benchmarks/compare_vllm_bench.py --base-url http://127.0.0.1:8000 --model /path/to/model \
-      --served-model-name NAME [--vllm-bench "python3 -m vllm.entrypoints.cli.main bench serve"] [--client-cpus 0-1]
+      --served-model-name NAME [--vllm-python python3] [--client-cpus 0-1] [--waves 8]
 
 Fairness: both clients run on the same machine against the same URL (on the lab: the lab host itself, against
 http://127.0.0.1:8000); the same prompt text (a ShareGPT-layout file for vLLM's side; the server applies the chat
@@ -20,8 +20,12 @@ serve` runs in the lab's serving image (vLLM 0.32.0 CPU build) with `--entrypoin
 tokenizer and HF_HUB_OFFLINE=1; the API key travels as an inherited environment variable, never as an argument.
 
 Local mode (--base-url): both clients run on this machine against a server that is already up (a GPU host, say);
-`--vllm-bench` is the command that runs vLLM's benchmark there, `--client-cpus` pins both clients with taskset (pin the
-server elsewhere yourself), the key comes from OPENAI_API_KEY (none when unset).
+`--vllm-python` is the interpreter that has vLLM (its `vllm bench serve` code runs through vllm_bench_levels.py, vLLM
+imported once for all levels), `--client-cpus` pins both clients with taskset (pin the server elsewhere yourself), the
+key comes from OPENAI_API_KEY (none when unset).
+
+A fast server finishes a level of 64 requests at concurrency 32 in half a second, two waves of requests; --waves N
+gives each level at least N waves (N x concurrency requests), so a level lasts long enough to measure.
 
 Prints, per concurrency: output tok/s and TTFT mean/p50/p99 of both and the relative difference (ours vs vLLM).
 Exit status 1 when output tok/s or TTFT p50 differs by more than --tolerance percent (default 10); TTFT mean and p99
@@ -58,7 +62,8 @@ cfg = json.loads(sys.argv[1])
 body = build_body(cfg["model"], cfg["prompt"], max_tokens=cfg["output_len"], ignore_eos=True)
 out = {}
 for level in cfg["concurrency"]:
-    sweep = run_sweep(cfg["url"], os.environ.get("OPENAI_API_KEY", ""), body, [level], cfg["num_prompts"], warmup=1)
+    sweep = run_sweep(cfg["url"], os.environ.get("OPENAI_API_KEY", ""), body, [level], cfg["requests"][str(level)],
+                      warmup=1)
     out[str(level)] = sweep["levels"][0] if sweep["levels"] else {"error": sweep["notes"]}
 print("RESULT " + json.dumps(out))
 '''
@@ -100,7 +105,8 @@ def run_ours(host, env, args, levels, client_cpus):
     """Our load generator, run by the target machine's python3 (the lab host's, or this machine's in local mode)."""
     source = LOADGEN.read_text().replace("from __future__ import annotations", "")
     cfg = {"url": "%s/v1/chat/completions" % base_url(args), "model": args.served_model_name,
-           "prompt": args.prompt, "output_len": args.output_len, "concurrency": levels, "num_prompts": args.num_prompts}
+           "prompt": args.prompt, "output_len": args.output_len, "concurrency": levels,
+           "requests": {str(level): requests_at(args, level) for level in levels}}
     pin = ["taskset", "-c", client_cpus] if client_cpus else []
     python = [*pin, sys.executable if args.base_url else "python3", "-", json.dumps(cfg)]
     prefix = [] if args.base_url else ["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host]
@@ -109,37 +115,41 @@ def run_ours(host, env, args, levels, client_cpus):
     return {int(k): v for k, v in json.loads(line[7:]).items()}
 
 
+def requests_at(args, level):
+    """Requests at one concurrency level: --num-prompts, or --waves x level when that is more."""
+    return max(args.num_prompts, args.waves * level)
+
+
 def base_url(args):
     return args.base_url.rstrip("/") if args.base_url else "http://127.0.0.1:%d" % args.port
 
 
-def sharegpt_rows(args):
+def sharegpt_rows(args, levels):
     """The prompt as a ShareGPT-layout file: the lab image has no pandas, which vLLM's `custom` (JSONL) dataset needs."""
     return json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
-                       for idx in range(args.num_prompts + 1)])
+                       for idx in range(max(requests_at(args, level) for level in levels) + 1)])
 
 
 def vllm_bench_args(args, level, url, model, dataset, result_dir):
     return ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", url,
             "--model", model, "--served-model-name", args.served_model_name, "--dataset-name", "sharegpt",
             "--dataset-path", dataset, "--sharegpt-output-len", str(args.output_len), "--ignore-eos",
-            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(level), "--request-rate", "inf",
+            "--num-prompts", str(requests_at(args, level)), "--max-concurrency", str(level), "--request-rate", "inf",
             "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--disable-tqdm", "--save-result", "--result-dir", result_dir, "--result-filename", "c%d.json" % level]
 
 
 def run_vllm_local(env, args, levels, client_cpus):
-    """`vllm bench serve` on this machine (local mode), one run per level, results read back from its JSON files."""
+    """vLLM's `vllm bench serve` code on this machine (local mode), all levels in one process, results read back from
+    its JSON files."""
     pin = ["taskset", "-c", client_cpus] if client_cpus else []
     with tempfile.TemporaryDirectory(prefix="onprem-vllm-compare-") as work:
         dataset = os.path.join(work, "prompts.sharegpt")
-        Path(dataset).write_text(sharegpt_rows(args))
-        log = []
-        for level in levels:
-            log.append(sh([*pin, *shlex.split(args.vllm_bench),
-                           *vllm_bench_args(args, level, base_url(args), args.model, dataset, work)],
-                          env=env, timeout=1800))
-        return {level: json.loads(Path(work, "c%d.json" % level).read_text()) for level in levels}, "".join(log)
+        Path(dataset).write_text(sharegpt_rows(args, levels))
+        runs = [vllm_bench_args(args, level, base_url(args), args.model, dataset, work) for level in levels]
+        log = sh([*pin, args.vllm_python, str(REPO / "benchmarks" / "vllm_bench_levels.py"), json.dumps(runs)],
+                 env=env, timeout=1800)
+        return {level: json.loads(Path(work, "c%d.json" % level).read_text()) for level in levels}, log
 
 
 def run_vllm(host, env, args, levels, client_cpus):
@@ -147,7 +157,7 @@ def run_vllm(host, env, args, levels, client_cpus):
         return run_vllm_local(env, args, levels, client_cpus)
     work = "/tmp/onprem-vllm-compare"
     sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/prompts.sharegpt"
-        % (work, work, work)], stdin=sharegpt_rows(args))
+        % (work, work, work)], stdin=sharegpt_rows(args, levels))
     loop = " ; ".join("vllm bench serve %s || exit 1" % shlex.join(
         vllm_bench_args(args, level, base_url(args), args.model, "/data/prompts.sharegpt", "/data"))
         for level in levels)
@@ -194,9 +204,10 @@ def main(argv=None):
                         help="let the server and the clients share every CPU")
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--base-url", help="local mode: run both clients on this machine against this server URL")
-    parser.add_argument("--vllm-bench", default="vllm bench serve",
-                        help="local mode: the command that runs vLLM's benchmark (the CPU build needs "
-                             "'python3 -m vllm.entrypoints.cli.main bench serve')")
+    parser.add_argument("--vllm-python", default=sys.executable,
+                        help="local mode: the Python interpreter that has vLLM (default: this one)")
+    parser.add_argument("--waves", type=int, default=0,
+                        help="at least this many waves of requests per level (waves x concurrency requests)")
     parser.add_argument("--client-cpus", help="local mode: CPU list both clients are pinned to (taskset -c)")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -225,6 +236,12 @@ def main(argv=None):
                 ours_runs.append(run_ours(args.host, env, args, levels, client_cpus))
             else:
                 vllm_runs.append(run_vllm(args.host, env, args, levels, client_cpus)[0])
+            turn_figures = ours_runs[-1] if ours_turn else vllm_runs[-1]
+            keys = METRICS[0][0 if ours_turn else 1], METRICS[2][0 if ours_turn else 1]
+            # Each turn's figures as they come, so that a run cut short still leaves them in its log.
+            print("  " + "  ".join("c%d: %.1f tok/s, TTFT p50 %.2f ms" % (
+                level, turn_figures[level].get(keys[0]) or 0, turn_figures[level].get(keys[1]) or 0)
+                for level in levels), flush=True)
     rows, worst = [], 0.0
     columns = ("concurrency", "metric", "ours", "vllm bench", "diff %", "ours runs", "vllm runs")
     header = "%-11s | %-13s | %10s %10s %8s | %-20s | %-20s" % columns

@@ -6,8 +6,9 @@
 # so each fits one call of the device tool:
 #   .device/gpu-compare-1/  vLLM's CUDA kernels (_C_stable_libtorch, xz)
 #   .device/gpu-compare-2/  site.tar.xz (vLLM's Python code, its FlashAttention 3 kernels, dependencies) + tokenizer/
-# Left out on purpose: FlashAttention 2 (Hopper runs FA3), the MoE kernels and DeepGEMM (the benchmark model is dense),
-# the Rust frontend (off by default), FlashInfer and the other GPU extras vLLM imports only when it uses them.
+# Left out on purpose: FlashAttention 2 (Hopper runs FA3), the MoE kernels, DeepGEMM and Blackwell's FMHA (the benchmark
+# model is dense), the Rust frontend (off by default), FlashInfer (run.sh turns its sampler off) and the other GPU
+# extras vLLM imports only when it uses them.
 # Run from the repository root after `make site` has built the lab checkpoint:  bash benchmarks/gpu_compare/pack.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -51,7 +52,8 @@ mkdir -p "$WORK/wheels" "$WORK/site" .device/gpu-compare-1 .device/gpu-compare-2
 SITE="$WORK/site"
 xz -T0 -6 -c "$SITE/vllm/_C_stable_libtorch.abi3.so" > .device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz
 rm -rf "$SITE/vllm/_C_stable_libtorch.abi3.so" "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
-  "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" "$SITE/vllm/third_party" "$SITE/vllm/vllm-rs" "$SITE/bin"
+  "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" "$SITE/vllm/third_party/deep_gemm" "$SITE/vllm/third_party/fmha_sm100" \
+  "$SITE/vllm/vllm-rs" "$SITE/bin"
 tar -C "$SITE" -cf - . | xz -T0 -6 > .device/gpu-compare-2/site.tar.xz
 SNAPSHOT=$(ls -d lab/build/share/hf-seed/hub/models--onprem-lab--tiny-qwen3/snapshots/*/ | head -1)
 cp -L "$SNAPSHOT"/tokenizer.json "$SNAPSHOT"/tokenizer_config.json "$SNAPSHOT"/generation_config.json \

@@ -28,6 +28,8 @@ fi
 export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
 # Set on every lent GPU machine; keep them set for any program started here (the device tool's KINDS.md says why).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# FlashInfer is not in the pack: vLLM then samples top-k/top-p with PyTorch.
+export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -c 'import vllm, vllm._C_stable_libtorch; print("vllm", vllm.__version__)'
 MODEL="$STAGE/qwen3-0.6b-shape"
 [ -f "$MODEL/config.json" ] || python3 benchmarks/gpu_compare/make_model.py .device/gpu-compare-2/tokenizer "$MODEL"
@@ -52,8 +54,8 @@ grep -E "Available KV cache memory|GPU KV cache size|Maximum concurrency|Graph c
   "$OUT/server.log" || true
 set +e
 python3 benchmarks/compare_vllm_bench.py --base-url http://127.0.0.1:8000 --model "$MODEL" \
-  --served-model-name qwen3-gpu --vllm-bench "python3 -m vllm.entrypoints.cli.main bench serve" --client-cpus 0-1 \
-  --rounds "${ROUNDS:-5}" --concurrency "${CONCURRENCY:-1,4,8,16,32}" --json "$OUT/compare.json" "$@" \
+  --served-model-name qwen3-gpu --vllm-python python3 --client-cpus 0-1 --waves "${WAVES:-8}" \
+  --rounds "${ROUNDS:-3}" --concurrency "${CONCURRENCY:-1,4,8,16,32}" --json "$OUT/compare.json" "$@" \
   2>&1 | tee "$OUT/compare.txt"
 status=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >> "$OUT/compare.txt"

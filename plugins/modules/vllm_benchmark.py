@@ -72,7 +72,7 @@ options:
     type: int
     default: 128
   ignore_eos:
-    description: Generate exactly O(max_tokens) (vLLM's C(ignore_eos) and C(min_tokens)), as C(vllm bench serve --ignore-eos).
+    description: Generate exactly O(max_tokens) (vLLM's C(ignore_eos)), as C(vllm bench serve --ignore-eos).
     type: bool
     default: false
   temperature:
