@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 LAB_WORKSTATIONS ?= 2
 
-.PHONY: site test test-fleet venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare bench-rollout clean
+.PHONY: site test test-fleet venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
 
 ## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
 site: lab
@@ -74,6 +74,14 @@ bench-report: lab
 
 bench-compare: lab
 	python3 benchmarks/compare_vllm_bench.py
+
+# Both clients against benchmarks/stepped_server.py on the lab host (CPUs 1+, port 8111), whose time to first token is
+# at most one 3 ms step by construction: what either client reports beyond that is its own.
+bench-calibrate: lab
+	docker cp benchmarks/stepped_server.py onprem-lab-ws1:/tmp/stepped_server.py
+	docker exec -d onprem-lab-ws1 sh -c 'exec taskset -c 1-$$(($$(nproc --all)-1)) python3 /tmp/stepped_server.py --port 8111'
+	sleep 1; python3 benchmarks/compare_vllm_bench.py --port 8111 --concurrency 1,4,8,16,32 --waves 8 $(CALIBRATE_ARGS); \
+	status=$$?; docker exec onprem-lab-ws1 pkill -f /tmp/stepped_server.py; exit $$status
 
 bench-rollout: venv
 	bash benchmarks/rollout_bench.sh

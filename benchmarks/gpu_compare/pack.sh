@@ -49,13 +49,14 @@ mkdir -p "$WORK/wheels" "$WORK/site" .device/gpu-compare-1 .device/gpu-compare-2
 "${FETCH[@]}" -d "$WORK/wheels" "vllm==$VLLM_VERSION" "${DEPS[@]}"
 "${PIP[@]}" install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" --target "$WORK/site" "$WORK"/wheels/*.whl
-SITE="$WORK/site"
+SITE="${WORK:?}/site"
 xz -T0 -6 -c "$SITE/vllm/_C_stable_libtorch.abi3.so" > .device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz
-rm -rf "$SITE/vllm/_C_stable_libtorch.abi3.so" "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
+rm -rf "${SITE:?}/vllm/_C_stable_libtorch.abi3.so" "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
   "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" "$SITE/vllm/third_party/deep_gemm" "$SITE/vllm/third_party/fmha_sm100" \
-  "$SITE/vllm/vllm-rs" "$SITE/bin"
+  "${SITE:?}/vllm/vllm-rs" "${SITE:?}/bin"
 tar -C "$SITE" -cf - . | xz -T0 -6 > .device/gpu-compare-2/site.tar.xz
-SNAPSHOT=$(ls -d lab/build/share/hf-seed/hub/models--onprem-lab--tiny-qwen3/snapshots/*/ | head -1)
+SNAPSHOTS=(lab/build/share/hf-seed/hub/models--onprem-lab--tiny-qwen3/snapshots/*/)
+SNAPSHOT=${SNAPSHOTS[0]}
 cp -L "$SNAPSHOT"/tokenizer.json "$SNAPSHOT"/tokenizer_config.json "$SNAPSHOT"/generation_config.json \
   "$SNAPSHOT"/config.json .device/gpu-compare-2/tokenizer/
 du -sh .device/gpu-compare-1 .device/gpu-compare-2
