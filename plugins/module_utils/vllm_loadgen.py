@@ -192,8 +192,8 @@ def build_body(model, prompt, system_prompt=None, max_tokens=128, ignore_eos=Fal
     body = {"model": model, "messages": messages, "max_tokens": int(max_tokens), "stream": True,
             "stream_options": {"include_usage": True}}
     if ignore_eos:
-        # vLLM's extension: generate exactly max_tokens. The same request field, and only it, as
-        # `vllm bench serve --ignore-eos` sends (min_tokens as well would add a logits pass on each step).
+        # vLLM's extension: generate exactly max_tokens. The same field, and only it, as `vllm bench serve
+        # --ignore-eos` sends: min_tokens as well would ask vLLM's sampler for work the reference's load does not.
         body["ignore_eos"] = True
     if temperature is not None:
         body["temperature"] = float(temperature)
