@@ -31,8 +31,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # FlashInfer is not in the pack: vLLM then samples top-k/top-p with PyTorch.
 export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -c 'import vllm, vllm._C_stable_libtorch; print("vllm", vllm.__version__)'
-MODEL="$STAGE/qwen3-0.6b-shape"
-[ -f "$MODEL/config.json" ] || python3 benchmarks/gpu_compare/make_model.py .device/gpu-compare-2/tokenizer "$MODEL"
+# MODEL_SHAPE=8b: steps of tens of milliseconds, where neither client's own lag nor step jitter weighs much.
+MODEL_SHAPE=${MODEL_SHAPE:-0.6b}
+MODEL="$STAGE/qwen3-$MODEL_SHAPE-shape"
+[ -f "$MODEL/config.json" ] ||
+  python3 benchmarks/gpu_compare/make_model.py .device/gpu-compare-2/tokenizer "$MODEL" "$MODEL_SHAPE"
 OPENAI_API_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 export OPENAI_API_KEY
 # The key reaches the server through VLLM_API_KEY, never on a command line.
