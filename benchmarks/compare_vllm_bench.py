@@ -8,7 +8,7 @@
 
 Fairness: both clients run on the same machine against the same URL (on the lab: the lab host itself, against
 http://127.0.0.1:8000); the same prompt text (a ShareGPT-layout file for vLLM's side; the server applies the chat
-template for both), exactly --output-len tokens (ignore_eos + min_tokens), the same concurrency limit with every request
+template for both), exactly --output-len tokens (ignore_eos), the same concurrency limit with every request
 released at once (request rate inf), one warm-up request each, the same number of requests. The two clients take turns
 for --rounds rounds in ABBA order (ours, vLLM's, vLLM's, ours, ...) and each figure is the median over a client's
 rounds, so drift and a single stall favour neither side.
@@ -130,9 +130,9 @@ def sharegpt_rows(args, levels):
                        for idx in range(max(requests_at(args, level) for level in levels) + 1)])
 
 
-def vllm_bench_args(args, level, url, model, dataset, result_dir):
-    return ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", url,
-            "--model", model, "--served-model-name", args.served_model_name, "--dataset-name", "sharegpt",
+def vllm_bench_args(args, level, dataset, result_dir):
+    return ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", base_url(args),
+            "--model", args.model, "--served-model-name", args.served_model_name, "--dataset-name", "sharegpt",
             "--dataset-path", dataset, "--sharegpt-output-len", str(args.output_len), "--ignore-eos",
             "--num-prompts", str(requests_at(args, level)), "--max-concurrency", str(level), "--request-rate", "inf",
             "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
@@ -146,7 +146,7 @@ def run_vllm_local(env, args, levels, client_cpus):
     with tempfile.TemporaryDirectory(prefix="onprem-vllm-compare-") as work:
         dataset = os.path.join(work, "prompts.sharegpt")
         Path(dataset).write_text(sharegpt_rows(args, levels))
-        runs = [vllm_bench_args(args, level, base_url(args), args.model, dataset, work) for level in levels]
+        runs = [vllm_bench_args(args, level, dataset, work) for level in levels]
         log = sh([*pin, args.vllm_python, str(REPO / "benchmarks" / "vllm_bench_levels.py"), json.dumps(runs)],
                  env=env, timeout=1800)
         return {level: json.loads(Path(work, "c%d.json" % level).read_text()) for level in levels}, log
@@ -159,7 +159,7 @@ def run_vllm(host, env, args, levels, client_cpus):
     sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/prompts.sharegpt"
         % (work, work, work)], stdin=sharegpt_rows(args, levels))
     loop = " ; ".join("vllm bench serve %s || exit 1" % shlex.join(
-        vllm_bench_args(args, level, base_url(args), args.model, "/data/prompts.sharegpt", "/data"))
+        vllm_bench_args(args, level, "/data/prompts.sharegpt", "/data"))
         for level in levels)
     pin = ["--cpuset-cpus", client_cpus] if client_cpus else []
     log = sh(["docker", "exec", "-e", "OPENAI_API_KEY", host, "docker", "run", "--rm", "--network", "host", *pin,
