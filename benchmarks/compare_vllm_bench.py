@@ -217,7 +217,7 @@ def main(argv=None):
         sys.exit("--concurrency needs levels of at least 1 (got %r)" % args.concurrency)
     if args.base_url:
         env = dict(os.environ)
-        split = (args.client_cpus, "not pinned by this script") if args.client_cpus else None
+        split = (args.client_cpus, "whatever its starter pinned it to") if args.client_cpus else None
         pinned = nullcontext()
     else:
         env = dict(os.environ, OPENAI_API_KEY=api_key(args.host))

@@ -3,7 +3,7 @@
 # On a borrowed GPU machine (CUDA PyTorch 2.11, no vLLM, no network), from the repository root:
 #   bash benchmarks/gpu_compare/run.sh stage   # call 1, carrying .device/gpu-compare-1: keeps vLLM's kernels in $STAGE
 #   bash benchmarks/gpu_compare/run.sh         # call 2, carrying .device/gpu-compare-2: the comparison
-# Installs the pack (pack.sh), writes a Qwen3-0.6B-shaped checkpoint, starts vLLM's OpenAI server on CPUs 2-15, runs
+# Installs the pack (pack.sh), writes a Qwen3-shaped checkpoint (MODEL_SHAPE), starts vLLM's OpenAI server on CPUs 2-15, runs
 # benchmarks/compare_vllm_bench.py in local mode with both clients on CPUs 0-1. Results: $OUT (or ./gpu-compare-out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
