@@ -36,15 +36,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
+import random
 import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from vllm_bench_levels import DONE, READY   # this script's own folder (benchmarks/) is first on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 LOADGEN = REPO / "plugins" / "module_utils" / "vllm_loadgen.py"
+LEVELS_SCRIPT = REPO / "benchmarks" / "vllm_bench_levels.py"
 METRICS = (("output_throughput", "output_throughput", "output tok/s"),
            ("ttft_mean_ms", "mean_ttft_ms", "TTFT mean ms"),
            ("ttft_p50_ms", "median_ttft_ms", "TTFT p50 ms"),
@@ -52,6 +55,8 @@ METRICS = (("output_throughput", "output_throughput", "output tok/s"),
 # TTFT is gated on its median: on the 2-core lab one scheduler stall of a client among 64 requests moves the mean by
 # tens of percent (seen mostly in vllm bench's heavier asyncio client); the mean and p99 are printed, not gated.
 GATED = ("output_throughput", "ttft_p50_ms")
+SEED = 20261130
+MIN_OUTPUT_LEN = 4   # vLLM's ShareGPT loader drops rows whose answer is shorter
 DEFAULT_PROMPT = ("Explain in three sentences what a KV cache is and why it limits how many requests a GPU serves "
                   "at once.")
 
@@ -59,13 +64,10 @@ DEFAULT_PROMPT = ("Explain in three sentences what a KV cache is and why it limi
 OURS_DRIVER = r'''
 import json, os, sys
 cfg = json.loads(sys.argv[1])
-body = build_body(cfg["model"], cfg["prompt"], max_tokens=cfg["output_len"], ignore_eos=True)
-out = {}
-for level in cfg["concurrency"]:
-    sweep = run_sweep(cfg["url"], os.environ.get("OPENAI_API_KEY", ""), body, [level], cfg["requests"][str(level)],
-                      warmup=1)
-    out[str(level)] = sweep["levels"][0] if sweep["levels"] else {"error": sweep["notes"]}
-print("RESULT " + json.dumps(out))
+body = [build_body(cfg["model"], cfg["prompt"], max_tokens=length, ignore_eos=True) for length in cfg["output_lens"]]
+sweep = run_sweep(cfg["url"], os.environ.get("OPENAI_API_KEY", ""), body, [cfg["concurrency"]], cfg["requests"],
+                  warmup=1)
+print("RESULT " + json.dumps(sweep["levels"][0] if sweep["levels"] else {"error": sweep["notes"]}))
 '''
 
 
@@ -101,18 +103,18 @@ def server_pinned(host, container, cpus, count):
         sh(["docker", "exec", host, "docker", "update", "--cpuset-cpus", before or "0-%d" % (count - 1), container])
 
 
-def run_ours(host, env, args, levels, client_cpus):
-    """Our load generator, run by the target machine's python3 (the lab host's, or this machine's in local mode)."""
+def run_ours(host, env, args, levels, level, client_cpus):
+    """Our load generator at one level, run by the target machine's python3 (the lab host's, or this machine's in
+    local mode)."""
     source = LOADGEN.read_text().replace("from __future__ import annotations", "")
-    cfg = {"url": "%s/v1/chat/completions" % base_url(args), "model": args.served_model_name,
-           "prompt": args.prompt, "output_len": args.output_len, "concurrency": levels,
-           "requests": {str(level): requests_at(args, level) for level in levels}}
+    cfg = {"url": "%s/v1/chat/completions" % base_url(args), "model": args.served_model_name, "prompt": args.prompt,
+           "output_lens": output_lens(args, levels), "concurrency": level, "requests": requests_at(args, level)}
     pin = ["taskset", "-c", client_cpus] if client_cpus else []
     python = [*pin, sys.executable if args.base_url else "python3", "-", json.dumps(cfg)]
     prefix = [] if args.base_url else ["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host]
     out = sh(prefix + python, env=env, stdin=source + "\n" + OURS_DRIVER)
     line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
-    return {int(k): v for k, v in json.loads(line[7:]).items()}
+    return json.loads(line[7:])
 
 
 def requests_at(args, level):
@@ -124,52 +126,105 @@ def base_url(args):
     return args.base_url.rstrip("/") if args.base_url else "http://127.0.0.1:%d" % args.port
 
 
+def output_lens(args, levels):
+    """Request i's output length, the same list for both clients, every level and every round: --output-len each,
+    or with --output-len-range-ratio R drawn (seeded) from [L(1-R), L(1+R)], so that requests do not all finish in
+    the same engine step and come back as one burst whose split across engine steps sets every TTFT."""
+    count = max(requests_at(args, level) for level in levels)
+    if not args.output_len_range_ratio:
+        return [args.output_len] * count
+    rng = random.Random(SEED)
+    low = max(MIN_OUTPUT_LEN, round(args.output_len * (1 - args.output_len_range_ratio)))
+    high = max(low, round(args.output_len * (1 + args.output_len_range_ratio)))
+    return [rng.randint(low, high) for _ in range(count)]
+
+
 def sharegpt_rows(args, levels):
-    """The prompt as a ShareGPT-layout file: the lab image has no pandas, which vLLM's `custom` (JSONL) dataset needs."""
-    return json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
-                       for idx in range(max(requests_at(args, level) for level in levels) + 1)])
+    """The prompt as a ShareGPT-layout file (the lab image has no pandas, which vLLM's `custom` (JSONL) dataset needs),
+    row i for request i (--disable-shuffle). With varied lengths row i's answer is output_lens[i] digits, which the
+    Qwen3 tokenizers count as one token each; vLLM takes a request's output length from its row's answer, and
+    check_output_tokens verifies that it did."""
+    if not args.output_len_range_ratio:
+        return json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
+                           for idx in range(len(output_lens(args, levels)))])
+    return json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "7" * n}]}
+                       for n in output_lens(args, levels)])
+
+
+def check_output_tokens(args, levels, level, ours, theirs):
+    """Both clients asked for output_lens[:n] (ignore_eos): their output token totals must be its sum."""
+    want = sum(output_lens(args, levels)[:requests_at(args, level)])
+    got = {"ours": ours.get("output_tokens"), "vllm bench serve": theirs.get("total_output_tokens")}
+    wrong = {name: value for name, value in got.items() if value != want}
+    if wrong:
+        sys.exit("at concurrency %d the requests asked for %d output tokens in all, but %s: the two clients did not "
+                 "send the same load (with --output-len-range-ratio: does this tokenizer count a digit as one "
+                 "token?)" % (level, want, ", ".join("%s got %s" % kv for kv in wrong.items())))
 
 
 def vllm_bench_args(args, level, dataset, result_dir):
+    lengths = ["--sharegpt-output-len", str(args.output_len)] if not args.output_len_range_ratio else []
     return ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", base_url(args),
             "--model", args.model, "--served-model-name", args.served_model_name, "--dataset-name", "sharegpt",
-            "--dataset-path", dataset, "--sharegpt-output-len", str(args.output_len), "--ignore-eos",
+            "--dataset-path", dataset, "--disable-shuffle", *lengths, "--ignore-eos",
             "--num-prompts", str(requests_at(args, level)), "--max-concurrency", str(level), "--request-rate", "inf",
             "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--disable-tqdm", "--save-result", "--result-dir", result_dir, "--result-filename", "c%d.json" % level]
 
 
-def run_vllm_local(env, args, levels, client_cpus):
-    """vLLM's `vllm bench serve` code on this machine (local mode), all levels in one process, results read back from
-    its JSON files."""
-    pin = ["taskset", "-c", client_cpus] if client_cpus else []
-    with tempfile.TemporaryDirectory(prefix="onprem-vllm-compare-") as work:
-        dataset = os.path.join(work, "prompts.sharegpt")
-        Path(dataset).write_text(sharegpt_rows(args, levels))
-        runs = [vllm_bench_args(args, level, dataset, work) for level in levels]
-        log = sh([*pin, args.vllm_python, str(REPO / "benchmarks" / "vllm_bench_levels.py"), json.dumps(runs)],
-                 env=env, timeout=1800)
-        return {level: json.loads(Path(work, "c%d.json" % level).read_text()) for level in levels}, log
+class VllmBench:
+    """vLLM's `vllm bench serve` code in one long-lived process (vllm_bench_levels.py), handed one level at a time so
+    that the two clients take turns level by level; in lab mode it runs in the lab's serving image on the lab host."""
 
+    def __init__(self, host, env, args, levels, client_cpus):
+        self.host, self.args = host, args
+        rows = sharegpt_rows(args, levels)
+        if args.base_url:
+            self.tmp = tempfile.TemporaryDirectory(prefix="onprem-vllm-compare-")
+            self.work = self.data = self.tmp.name
+            Path(self.work, "prompts.sharegpt").write_text(rows)
+            pin = ["taskset", "-c", client_cpus] if client_cpus else []
+            cmd = [*pin, args.vllm_python, str(LEVELS_SCRIPT)]
+        else:
+            self.tmp, self.work, self.data = None, "/tmp/onprem-vllm-compare", "/data"
+            sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/prompts.sharegpt"
+                % (self.work, self.work, self.work)], stdin=rows)
+            sh(["docker", "exec", "-i", host, "sh", "-c", "cat > %s/%s" % (self.work, LEVELS_SCRIPT.name)],
+               stdin=LEVELS_SCRIPT.read_text())
+            pin = ["--cpuset-cpus", client_cpus] if client_cpus else []
+            cmd = ["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host, "docker", "run", "-i", "--rm", "--network",
+                   "host", *pin, "-e", "OPENAI_API_KEY", "-e", "HF_HUB_OFFLINE=1", "-v",
+                   "/srv/hf-cache:/root/.cache/huggingface:ro", "-v", "%s:/data" % self.work, "--entrypoint",
+                   "python3", args.image, "/data/" + LEVELS_SCRIPT.name]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env)
+        # vLLM's import is the heavy part: wait for it, so that it does not run beside our client's first turn.
+        self.log = []
+        self._read_until(READY)
 
-def run_vllm(host, env, args, levels, client_cpus):
-    if args.base_url:
-        return run_vllm_local(env, args, levels, client_cpus)
-    work = "/tmp/onprem-vllm-compare"
-    sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/prompts.sharegpt"
-        % (work, work, work)], stdin=sharegpt_rows(args, levels))
-    loop = " ; ".join("vllm bench serve %s || exit 1" % shlex.join(
-        vllm_bench_args(args, level, "/data/prompts.sharegpt", "/data"))
-        for level in levels)
-    pin = ["--cpuset-cpus", client_cpus] if client_cpus else []
-    log = sh(["docker", "exec", "-e", "OPENAI_API_KEY", host, "docker", "run", "--rm", "--network", "host", *pin,
-              "-e", "OPENAI_API_KEY", "-e", "HF_HUB_OFFLINE=1", "-v", "/srv/hf-cache:/root/.cache/huggingface:ro",
-              "-v", "%s:/data" % work, "--entrypoint", "bash", args.image, "-c", "set -e; " + loop], env=env,
-             timeout=1800)
-    out = {}
-    for level in levels:
-        out[level] = json.loads(sh(["docker", "exec", host, "cat", "%s/c%d.json" % (work, level)]))
-    return out, log
+    def _read_until(self, marker):
+        for line in self.proc.stdout:
+            if line.strip() == marker:
+                return
+            self.log = (self.log + [line])[-80:]
+        sys.exit("vllm bench serve stopped (exit %s):\n%s" % (self.proc.wait(), "".join(self.log)))
+
+    def run(self, level):
+        self.proc.stdin.write(json.dumps(vllm_bench_args(self.args, level, self.data + "/prompts.sharegpt",
+                                                         self.data)) + "\n")
+        self.proc.stdin.flush()
+        self._read_until(DONE)
+        path = "%s/c%d.json" % (self.work, level)
+        return json.loads(Path(path).read_text() if self.tmp else sh(["docker", "exec", self.host, "cat", path]))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+        if self.tmp:
+            self.tmp.cleanup()
 
 
 def median(values):
@@ -196,6 +251,8 @@ def main(argv=None):
     parser.add_argument("--concurrency", default="1,4,8,16")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--output-len-range-ratio", type=float, default=0.0,
+                        help="vary output lengths uniformly within this ratio of --output-len (0: all the same)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--tolerance", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3, help="turns each client takes (ABBA order)")
@@ -215,6 +272,9 @@ def main(argv=None):
         sys.exit("--rounds needs at least 1 (got %d)" % args.rounds)
     if not levels or min(levels) < 1:
         sys.exit("--concurrency needs levels of at least 1 (got %r)" % args.concurrency)
+    if not 0 <= args.output_len_range_ratio < 1 or args.output_len < MIN_OUTPUT_LEN:
+        sys.exit("--output-len needs at least %d and --output-len-range-ratio 0 to below 1 (got %d, %s)"
+                 % (MIN_OUTPUT_LEN, args.output_len, args.output_len_range_ratio))
     if args.base_url:
         env = dict(os.environ)
         split = (args.client_cpus, "whatever its starter pinned it to") if args.client_cpus else None
@@ -226,30 +286,35 @@ def main(argv=None):
         pinned = server_pinned(args.host, args.container, split[1], count) if split else nullcontext()
     client_cpus = split[0] if split else None
     print("CPUs: " + ("clients on %s, server on %s" % split if split else "shared by the server and the clients"))
-    ours_runs, vllm_runs = [], []
-    with pinned:
-        for turn in range(2 * args.rounds):
-            ours_turn = turn % 4 in (0, 3)   # ABBA: ours, vLLM, vLLM, ours, ...
-            print("round %d/%d: %s ..." % (turn // 2 + 1, args.rounds, "ours" if ours_turn else "vllm bench serve"),
-                  flush=True)
-            if ours_turn:
-                ours_runs.append(run_ours(args.host, env, args, levels, client_cpus))
-            else:
-                vllm_runs.append(run_vllm(args.host, env, args, levels, client_cpus)[0])
-            turn_figures = ours_runs[-1] if ours_turn else vllm_runs[-1]
-            keys = METRICS[0][0 if ours_turn else 1], METRICS[2][0 if ours_turn else 1]
-            # Each turn's figures as they come, so that a run cut short still leaves them in its log.
-            print("  " + "  ".join("c%d: %.1f tok/s, TTFT p50 %.2f ms" % (
-                level, turn_figures[level].get(keys[0]) or 0, turn_figures[level].get(keys[1]) or 0)
-                for level in levels), flush=True)
+    ours_runs, vllm_runs = {level: [] for level in levels}, {level: [] for level in levels}
+    with pinned, VllmBench(args.host, env, args, levels, client_cpus) as vllm_bench:
+        # Level by level, the clients taking turns ABBA (ours, vLLM's, vLLM's, ours, ...): the two measurements of a
+        # level lie a level's length apart, not a whole sweep's, so the server's drift over minutes (seen on the
+        # lab and on the GPU host) weighs on both alike.
+        for level in levels:
+            for turn in range(2 * args.rounds):
+                ours_turn = turn % 4 in (0, 3)
+                if ours_turn:
+                    figures = run_ours(args.host, env, args, levels, level, client_cpus)
+                    ours_runs[level].append(figures)
+                else:
+                    figures = vllm_bench.run(level)
+                    vllm_runs[level].append(figures)
+                if ours_runs[level] and vllm_runs[level]:
+                    check_output_tokens(args, levels, level, ours_runs[level][-1], vllm_runs[level][-1])
+                keys = METRICS[0][0 if ours_turn else 1], METRICS[2][0 if ours_turn else 1]
+                # Each turn's figures as they come, so that a run cut short still leaves them in its log.
+                print("c%d round %d/%d %-16s %8.1f tok/s, TTFT p50 %.2f ms" % (
+                    level, turn // 2 + 1, args.rounds, "ours" if ours_turn else "vllm bench serve",
+                    figures.get(keys[0]) or 0, figures.get(keys[1]) or 0), flush=True)
     rows, worst = [], 0.0
     columns = ("concurrency", "metric", "ours", "vllm bench", "diff %", "ours runs", "vllm runs")
     header = "%-11s | %-13s | %10s %10s %8s | %-20s | %-20s" % columns
     print("\n" + header + "\n" + "-" * len(header))
     for level in levels:
         for ours_key, vllm_key, label in METRICS:
-            ours_values = [run[level].get(ours_key) for run in ours_runs]
-            vllm_values = [run[level].get(vllm_key) for run in vllm_runs]
+            ours_values = [run.get(ours_key) for run in ours_runs[level]]
+            vllm_values = [run.get(vllm_key) for run in vllm_runs[level]]
             ours, ref = median(ours_values), median(vllm_values)
             diff = rel(ours, ref)
             if diff is not None and ours_key in GATED:
@@ -261,9 +326,9 @@ def main(argv=None):
                 "/".join("%.1f" % v for v in ours_values if v is not None),
                 "/".join("%.1f" % v for v in vllm_values if v is not None)))
         print("%-11s | prompt tok %s (ours) / %s (vllm total_input/completed); completed %s / %s per run" % (
-            "", ours_runs[0][level].get("prompt_tokens_mean"),
-            round(vllm_runs[0][level]["total_input_tokens"] / max(1, vllm_runs[0][level]["completed"]), 1),
-            ours_runs[0][level].get("successful"), vllm_runs[0][level].get("completed")))
+            "", ours_runs[level][0].get("prompt_tokens_mean"),
+            round(vllm_runs[level][0]["total_input_tokens"] / max(1, vllm_runs[level][0]["completed"]), 1),
+            ours_runs[level][0].get("successful"), vllm_runs[level][0].get("completed")))
     print("\nlargest |difference| on output tok/s and TTFT p50 (medians of %d rounds): %.1f%% "
           "(tolerance %.0f%%)" % (args.rounds, worst, args.tolerance))
     if args.json:

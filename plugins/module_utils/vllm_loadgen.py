@@ -499,20 +499,26 @@ def summarize_level(concurrency, results, duration):
 
 async def run_level(url, api_key, body, concurrency, num_requests, timeout=120.0, ssl_verify=True, on_done=None,
                     pool=None):
-    """num_requests requests, at most `concurrency` in flight. Returns (results, wall seconds)."""
+    """num_requests requests, at most `concurrency` in flight. Returns (results, wall seconds).
+
+    body: one request body for every request, or a list of them: request i sends body[i % len(body)] (requests start
+    in index order), e.g. to give requests different output lengths so that they do not finish in lockstep.
+    """
+    bodies = body if isinstance(body, list) else [body]
     sem = asyncio.Semaphore(concurrency)
     results = []
 
-    async def one():
+    async def one(idx):
         async with sem:
-            res = await stream_chat(url, api_key, body, timeout=timeout, ssl_verify=ssl_verify, pool=pool)
+            res = await stream_chat(url, api_key, bodies[idx % len(bodies)], timeout=timeout, ssl_verify=ssl_verify,
+                                    pool=pool)
             results.append(res)
             if on_done is not None:
                 on_done(res, len(results), num_requests)
             return res
 
     start = time.perf_counter()
-    await asyncio.gather(*(one() for idx in range(num_requests)))
+    await asyncio.gather(*(one(idx) for idx in range(num_requests)))
     return results, time.perf_counter() - start
 
 

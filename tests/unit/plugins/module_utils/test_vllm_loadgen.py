@@ -167,6 +167,16 @@ def test_sweep_aggregates(server):
     assert server.connections == 1 + 4 + 6
 
 
+def test_sweep_sends_a_list_of_bodies_in_request_order(server):
+    bodies = [lg.build_body("m", "hello", max_tokens=n) for n in (7, 9, 11)]
+    out = lg.run_sweep(lg.chat_url(server.url), KEY, bodies, [1, 2], {1: 5, 2: 4}, warmup=1)
+    assert not out["partial"] and [lv["successful"] for lv in out["levels"]] == [5, 4]
+    sent = [b["max_tokens"] for b in server.bodies]
+    # Warm-up (the first body), then concurrency 1 in index order, cycling; at 2 the same four, in either order.
+    assert sent[:6] == [7, 7, 9, 11, 7, 9]
+    assert sorted(sent[6:]) == [7, 7, 9, 11]
+
+
 def test_sweep_keeps_connections_alive():
     srv = FakeVllm(keep_alive=True)
     try:
