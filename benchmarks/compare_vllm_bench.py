@@ -62,9 +62,10 @@ DEFAULT_PROMPT = ("Explain in three sentences what a KV cache is and why it limi
 
 # Runs on the lab host with its python3: the load generator's source is prepended, so nothing is installed there.
 OURS_DRIVER = r'''
-import json, os, sys
-cfg = json.loads(sys.argv[1])
-body = [build_body(cfg["model"], cfg["prompt"], max_tokens=length, ignore_eos=True) for length in cfg["output_lens"]]
+import json, os
+cfg = json.loads(CFG)
+body = [build_body(cfg["model"], prompt, max_tokens=length, ignore_eos=True)
+        for prompt, length in zip(cfg["prompts"], cfg["output_lens"])]
 sweep = run_sweep(cfg["url"], os.environ.get("OPENAI_API_KEY", ""), body, [cfg["concurrency"]], cfg["requests"],
                   warmup=1)
 print("RESULT " + json.dumps(sweep["levels"][0] if sweep["levels"] else {"error": sweep["notes"]}))
@@ -103,16 +104,19 @@ def server_pinned(host, container, cpus, count):
         sh(["docker", "exec", host, "docker", "update", "--cpuset-cpus", before or "0-%d" % (count - 1), container])
 
 
-def run_ours(host, env, args, levels, level, client_cpus):
+def run_ours(host, env, args, levels, level, turn, client_cpus):
     """Our load generator at one level, run by the target machine's python3 (the lab host's, or this machine's in
     local mode)."""
     source = LOADGEN.read_text().replace("from __future__ import annotations", "")
-    cfg = {"url": "%s/v1/chat/completions" % base_url(args), "model": args.served_model_name, "prompt": args.prompt,
-           "output_lens": output_lens(args, levels), "concurrency": level, "requests": requests_at(args, level)}
+    cfg = {"url": "%s/v1/chat/completions" % base_url(args), "model": args.served_model_name,
+           "prompts": prompts(args, levels, turn), "output_lens": output_lens(args, levels), "concurrency": level,
+           "requests": requests_at(args, level)}
     pin = ["taskset", "-c", client_cpus] if client_cpus else []
-    python = [*pin, sys.executable if args.base_url else "python3", "-", json.dumps(cfg)]
+    python = [*pin, sys.executable if args.base_url else "python3", "-"]
     prefix = [] if args.base_url else ["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host]
-    out = sh(prefix + python, env=env, stdin=source + "\n" + OURS_DRIVER)
+    # The settings travel in the program text (a JSON string is a Python string literal): a command-line argument
+    # holding hundreds of long prompts would pass the kernel's limit on one argument.
+    out = sh(prefix + python, env=env, stdin="%s\nCFG = %s\n%s" % (source, json.dumps(json.dumps(cfg)), OURS_DRIVER))
     line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[7:])
 
@@ -139,16 +143,24 @@ def output_lens(args, levels):
     return [rng.randint(low, high) for _ in range(count)]
 
 
-def sharegpt_rows(args, levels):
+def prompts(args, levels, turn):
+    """Request i's prompt, the same list for both clients: --prompt each, or with --distinct-prompts led by the turn's
+    and the request's number, so that no two requests of the run share a prefix past the chat template (the server's
+    prefix cache then skips none of their prefill: not even of a prompt another turn sent)."""
+    count = max(requests_at(args, level) for level in levels)
+    if not args.distinct_prompts:
+        return [args.prompt] * count
+    return ["%s.%d. %s" % (turn, idx, args.prompt) for idx in range(count)]
+
+
+def sharegpt_rows(args, levels, turn):
     """The prompt as a ShareGPT-layout file (the lab image has no pandas, which vLLM's `custom` (JSONL) dataset needs),
     row i for request i (--disable-shuffle). With varied lengths row i's answer is output_lens[i] digits, which the
     Qwen3 tokenizers count as one token each; vLLM takes a request's output length from its row's answer, and
     check_output_tokens verifies that it did."""
-    if not args.output_len_range_ratio:
-        return json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "ok"}]}
-                           for idx in range(len(output_lens(args, levels)))])
-    return json.dumps([{"conversations": [{"from": "human", "value": args.prompt}, {"from": "gpt", "value": "7" * n}]}
-                       for n in output_lens(args, levels)])
+    answers = ["7" * n if args.output_len_range_ratio else "ok" for n in output_lens(args, levels)]
+    return json.dumps([{"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]}
+                       for prompt, answer in zip(prompts(args, levels, turn), answers)])
 
 
 def check_output_tokens(args, levels, level, ours, theirs):
@@ -178,19 +190,15 @@ class VllmBench:
 
     def __init__(self, host, env, args, levels, client_cpus):
         self.host, self.args = host, args
-        rows = sharegpt_rows(args, levels)
         if args.base_url:
             self.tmp = tempfile.TemporaryDirectory(prefix="onprem-vllm-compare-")
             self.work = self.data = self.tmp.name
-            Path(self.work, "prompts.sharegpt").write_text(rows)
             pin = ["taskset", "-c", client_cpus] if client_cpus else []
             cmd = [*pin, args.vllm_python, str(LEVELS_SCRIPT)]
         else:
             self.tmp, self.work, self.data = None, "/tmp/onprem-vllm-compare", "/data"
-            sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/prompts.sharegpt"
-                % (self.work, self.work, self.work)], stdin=rows)
-            sh(["docker", "exec", "-i", host, "sh", "-c", "cat > %s/%s" % (self.work, LEVELS_SCRIPT.name)],
-               stdin=LEVELS_SCRIPT.read_text())
+            sh(["docker", "exec", "-i", host, "sh", "-c", "mkdir -p %s && rm -f %s/*.json && cat > %s/%s"
+                % (self.work, self.work, self.work, LEVELS_SCRIPT.name)], stdin=LEVELS_SCRIPT.read_text())
             pin = ["--cpuset-cpus", client_cpus] if client_cpus else []
             cmd = ["docker", "exec", "-i", "-e", "OPENAI_API_KEY", host, "docker", "run", "-i", "--rm", "--network",
                    "host", *pin, "-e", "OPENAI_API_KEY", "-e", "HF_HUB_OFFLINE=1", "-v",
@@ -209,7 +217,12 @@ class VllmBench:
             self.log = (self.log + [line])[-80:]
         sys.exit("vllm bench serve stopped (exit %s):\n%s" % (self.proc.wait(), "".join(self.log)))
 
-    def run(self, level):
+    def run(self, levels, level, turn):
+        rows = sharegpt_rows(self.args, levels, turn)
+        if self.tmp:
+            Path(self.work, "prompts.sharegpt").write_text(rows)
+        else:
+            sh(["docker", "exec", "-i", self.host, "sh", "-c", "cat > %s/prompts.sharegpt" % self.work], stdin=rows)
         self.proc.stdin.write(json.dumps(vllm_bench_args(self.args, level, self.data + "/prompts.sharegpt",
                                                          self.data)) + "\n")
         self.proc.stdin.flush()
@@ -254,6 +267,8 @@ def main(argv=None):
     parser.add_argument("--output-len-range-ratio", type=float, default=0.0,
                         help="vary output lengths uniformly within this ratio of --output-len (0: all the same)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--distinct-prompts", action="store_true",
+                        help="number each request's prompt, so that the server's prefix cache cannot skip its prefill")
     parser.add_argument("--tolerance", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3, help="turns each client takes (ABBA order)")
     parser.add_argument("--container", default="vllm", help="the server's container on the lab host")
@@ -295,10 +310,10 @@ def main(argv=None):
             for turn in range(2 * args.rounds):
                 ours_turn = turn % 4 in (0, 3)
                 if ours_turn:
-                    figures = run_ours(args.host, env, args, levels, level, client_cpus)
+                    figures = run_ours(args.host, env, args, levels, level, "c%d-%d" % (level, turn), client_cpus)
                     ours_runs[level].append(figures)
                 else:
-                    figures = vllm_bench.run(level)
+                    figures = vllm_bench.run(levels, level, "c%d-%d" % (level, turn))
                     vllm_runs[level].append(figures)
                 if ours_runs[level] and vllm_runs[level]:
                     check_output_tokens(args, levels, level, ours_runs[level][-1], vllm_runs[level][-1])
