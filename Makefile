@@ -72,8 +72,12 @@ bench-gpu: venv
 bench-report: lab
 	ansible-playbook playbooks/benchmark.yml -i inventories/lab
 
+# The load the two clients agree on (docs/observability.md): distinct ~700-token prompts, 32-96 output tokens. Stop the
+# other lab servers first; each level takes both clients 5 turns.
+COMPARE_ARGS ?= --concurrency 1,4,8,16 --num-prompts 32 --waves 4 --rounds 5 --output-len-range-ratio 0.5 --distinct-prompts \
+  --prompt-repeat 20
 bench-compare: lab
-	python3 benchmarks/compare_vllm_bench.py
+	python3 benchmarks/compare_vllm_bench.py $(COMPARE_ARGS)
 
 # Both clients against benchmarks/stepped_server.py on the lab host (CPUs 1+, port 8111), whose time to first token is
 # at most one 3 ms step by construction: what either client reports beyond that is its own.

@@ -2,26 +2,36 @@
 """Validate our load generator against vLLM's own: the same load measured by both on one server, side by side.
 
   python3 benchmarks/compare_vllm_bench.py [--host onprem-lab-ws1] [--concurrency 1,4,8,16] [--num-prompts 64]
-                                           [--output-len 64] [--rounds 3] [--json out.json]
+      [--output-len 64] [--output-len-range-ratio 0.5] [--distinct-prompts] [--prompt TEXT] [--prompt-repeat 20]
+      [--rounds 3] [--json F]
   python3 benchmarks/compare_vllm_bench.py --base-url http://127.0.0.1:8000 --model /path/to/model \
       --served-model-name NAME [--vllm-python python3] [--client-cpus 0-1] [--waves 8]
 
 Fairness: both clients run on the same machine against the same URL (on the lab: the lab host itself, against
-http://127.0.0.1:8000); the same prompt text (a ShareGPT-layout file for vLLM's side; the server applies the chat
-template for both), exactly --output-len tokens (ignore_eos), the same concurrency limit with every request
-released at once (request rate inf), one warm-up request each, the same number of requests. The two clients take turns
-for --rounds rounds in ABBA order (ours, vLLM's, vLLM's, ours, ...) and each figure is the median over a client's
-rounds, so drift and a single stall favour neither side.
+http://127.0.0.1:8000) and send the same requests: request i has the same prompt text (a ShareGPT-layout file for
+vLLM's side, read in file order; the server applies the chat template for both) and asks for the same number of
+tokens (ignore_eos), with the same concurrency limit, every request released at once (request rate inf), one warm-up
+request each and the same number of requests; the output token totals are checked to match. The clients take turns
+level by level, --rounds each, in ABBA order (ours, vLLM's, vLLM's, ours, ...), and each figure is the median over a
+client's turns, so the server's drift and a single stall favour neither side.
+
+The load (why the options): by default every request has the same prompt and exactly --output-len tokens. Requests
+then finish in the same engine step and come back as one burst; how a client's burst splits across engine steps sets
+every time to first token, so the two clients' TTFTs differ by how fast each resubmits, not by how each measures.
+--output-len-range-ratio R draws request i's length from [L(1-R), L(1+R)] (seeded), so requests finish apart.
+Identical prompts are served from vLLM's prefix cache; --distinct-prompts puts the turn's and the request's number
+first, so every prompt is prefilled in full and a TTFT is mostly server work, not client overhead.
 
 Lab mode (default): on a CPU lab the server and the clients would share the same cores, so by default (--isolate) the
 server container is pinned to every CPU but the first for the run and each client to the first (`docker update
 --cpuset-cpus`, `taskset`, `docker run --cpuset-cpus`); the server's own pinning is restored afterwards. `vllm bench
-serve` runs in the lab's serving image (vLLM 0.32.0 CPU build) with `--entrypoint vllm`, the host's HF cache for the
-tokenizer and HF_HUB_OFFLINE=1; the API key travels as an inherited environment variable, never as an argument.
+serve`'s code runs in the lab's serving image (vLLM 0.32.0 CPU build), one container for the whole run
+(vllm_bench_levels.py, handed one level at a time), with the host's HF cache for the tokenizer and HF_HUB_OFFLINE=1;
+the API key travels as an inherited environment variable, never as an argument.
 
 Local mode (--base-url): both clients run on this machine against a server that is already up (a GPU host, say);
 `--vllm-python` is the interpreter that has vLLM (its `vllm bench serve` code runs through vllm_bench_levels.py, vLLM
-imported once for all levels), `--client-cpus` pins both clients with taskset (pin the server elsewhere yourself), the
+imported once for the run), `--client-cpus` pins both clients with taskset (pin the server elsewhere yourself), the
 key comes from OPENAI_API_KEY (none when unset).
 
 A fast server finishes a level of 64 requests at concurrency 32 in half a second, two waves of requests; --waves N
@@ -37,6 +47,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -145,8 +156,8 @@ def output_lens(args, levels):
 
 def prompts(args, levels, turn):
     """Request i's prompt, the same list for both clients: --prompt each, or with --distinct-prompts led by the turn's
-    and the request's number, so that no two requests of the run share a prefix past the chat template (the server's
-    prefix cache then skips none of their prefill: not even of a prompt another turn sent)."""
+    tag (the run's and the turn's) and the request's number, so that no two requests share a prefix past the chat
+    template (the server's prefix cache then skips none of their prefill, not even of a prompt another turn sent)."""
     count = max(requests_at(args, level) for level in levels)
     if not args.distinct_prompts:
         return [args.prompt] * count
@@ -267,6 +278,8 @@ def main(argv=None):
     parser.add_argument("--output-len-range-ratio", type=float, default=0.0,
                         help="vary output lengths uniformly within this ratio of --output-len (0: all the same)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--prompt-repeat", type=int, default=1,
+                        help="the prompt is --prompt this many times over (a longer prefill per request)")
     parser.add_argument("--distinct-prompts", action="store_true",
                         help="number each request's prompt, so that the server's prefix cache cannot skip its prefill")
     parser.add_argument("--tolerance", type=float, default=10.0)
@@ -285,6 +298,9 @@ def main(argv=None):
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     if args.rounds < 1:
         sys.exit("--rounds needs at least 1 (got %d)" % args.rounds)
+    if args.prompt_repeat < 1:
+        sys.exit("--prompt-repeat needs at least 1 (got %d)" % args.prompt_repeat)
+    args.prompt = " ".join([args.prompt] * args.prompt_repeat)
     if not levels or min(levels) < 1:
         sys.exit("--concurrency needs levels of at least 1 (got %r)" % args.concurrency)
     if not 0 <= args.output_len_range_ratio < 1 or args.output_len < MIN_OUTPUT_LEN:
@@ -302,6 +318,7 @@ def main(argv=None):
     client_cpus = split[0] if split else None
     print("CPUs: " + ("clients on %s, server on %s" % split if split else "shared by the server and the clients"))
     ours_runs, vllm_runs = {level: [] for level in levels}, {level: [] for level in levels}
+    run_tag = secrets.token_hex(3)   # --distinct-prompts: nor does a prompt of an earlier run hit the prefix cache
     with pinned, VllmBench(args.host, env, args, levels, client_cpus) as vllm_bench:
         # Level by level, the clients taking turns ABBA (ours, vLLM's, vLLM's, ours, ...): the two measurements of a
         # level lie a level's length apart, not a whole sweep's, so the server's drift over minutes (seen on the
@@ -310,10 +327,11 @@ def main(argv=None):
             for turn in range(2 * args.rounds):
                 ours_turn = turn % 4 in (0, 3)
                 if ours_turn:
-                    figures = run_ours(args.host, env, args, levels, level, "c%d-%d" % (level, turn), client_cpus)
+                    figures = run_ours(args.host, env, args, levels, level, "%s-c%d-%d" % (run_tag, level, turn),
+                                       client_cpus)
                     ours_runs[level].append(figures)
                 else:
-                    figures = vllm_bench.run(levels, level, "c%d-%d" % (level, turn))
+                    figures = vllm_bench.run(levels, level, "%s-c%d-%d" % (run_tag, level, turn))
                     vllm_runs[level].append(figures)
                 if ours_runs[level] and vllm_runs[level]:
                     check_output_tokens(args, levels, level, ours_runs[level][-1], vllm_runs[level][-1])

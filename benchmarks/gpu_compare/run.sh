@@ -4,7 +4,9 @@
 #   bash benchmarks/gpu_compare/run.sh stage   # call 1, carrying .device/gpu-compare-1: keeps vLLM's kernels in $STAGE
 #   bash benchmarks/gpu_compare/run.sh         # call 2, carrying .device/gpu-compare-2: the comparison
 # Installs the pack (pack.sh), writes a Qwen3-shaped checkpoint (MODEL_SHAPE), starts vLLM's OpenAI server on CPUs 2-15, runs
-# benchmarks/compare_vllm_bench.py in local mode with both clients on CPUs 0-1. Results: $OUT (or ./gpu-compare-out).
+# benchmarks/compare_vllm_bench.py in local mode with both clients on CPUs 0-1 (further arguments go to it; the lab's
+# validated load: --output-len-range-ratio 0.5 --distinct-prompts --prompt-repeat 20). Results: $OUT
+# (or ./gpu-compare-out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STAGE=${STAGE:-/root/gpu-compare}
