@@ -151,7 +151,7 @@ def output_lens(args, levels):
     rng = random.Random(SEED)
     low = max(MIN_OUTPUT_LEN, round(args.output_len * (1 - args.output_len_range_ratio)))
     high = max(low, round(args.output_len * (1 + args.output_len_range_ratio)))
-    return [rng.randint(low, high) for _ in range(count)]
+    return [rng.randint(low, high) for idx in range(count)]
 
 
 def prompts(args, levels, turn):
