@@ -6,18 +6,21 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 LAB_WORKSTATIONS ?= 2
 
-.PHONY: site test test-fleet venv lab lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
+.PHONY: site test test-fleet prereqs prereqs-test venv lab lab-artifacts lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
 
 ## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
 site: lab
 	ansible-playbook site.yml -i inventories/lab
 
-## test: the whole test suite (lint, sanity, unit, molecule on lab workstations)
-test: venv
-	@tools/timed.sh lint $(MAKE) --no-print-directory lint
-	@tools/timed.sh sanity $(MAKE) --no-print-directory sanity
-	@tools/timed.sh unit $(MAKE) --no-print-directory unit
-	@tools/timed.sh molecule $(MAKE) --no-print-directory molecule
+## test: the whole test suite (lint, sanity, unit, molecule on lab workstations; tools/test.sh, stage by stage)
+test: prereqs-test venv
+	tools/test.sh
+
+# Docker Engine (started), mmdebstrap, and for the tests git and Chromium: installed as root, else the exact commands.
+prereqs:
+	tools/lab-prereqs.sh
+prereqs-test:
+	tools/lab-prereqs.sh --test
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt
@@ -25,10 +28,16 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
 	touch $@
 
-lab: venv
-	python3 lab/labctl.py up --workstations $(LAB_WORKSTATIONS)
+# Everything the lab hosts are given: base image, serving image and its tarballs, tiny checkpoint, gateway image, and
+# the image store new hosts are seeded from (lab/image_store.py). Cached by content: a second run takes seconds.
+lab-artifacts: venv
+	python3 lab/labctl.py image
 	python3 lab/build_artifacts.py
 	python3 lab/build_gateway_image.py
+	python3 lab/image_store.py store
+
+lab: prereqs lab-artifacts
+	python3 lab/labctl.py up --workstations $(LAB_WORKSTATIONS) --seed
 
 artifacts:
 	python3 lab/build_artifacts.py
@@ -45,19 +54,13 @@ sanity: venv
 unit: venv
 	pytest tests/unit -q -n auto
 
-# The scenarios of the test command; `make test-fleet` runs the fleet scenario (3 workstations + a gateway under a
-# prober) alone.
-MOLECULE_SCENARIOS := default gpu_stack vllm_server monitoring fleet
-molecule: venv
-	python3 lab/labctl.py image
-	python3 lab/build_artifacts.py
-	python3 lab/build_gateway_image.py
+# The scenarios of the test command (tools/test.sh runs them as timed stages); `make molecule` runs them without the
+# other stages, `make test-fleet` the fleet scenario (3 workstations + a gateway under a prober) alone.
+export MOLECULE_SCENARIOS := default gpu_stack vllm_server monitoring fleet
+molecule: lab-artifacts
 	for scenario in $(MOLECULE_SCENARIOS); do tools/timed.sh molecule-$$scenario molecule test -s $$scenario || exit 1; done
 
-test-fleet: venv
-	python3 lab/labctl.py image
-	python3 lab/build_artifacts.py
-	python3 lab/build_gateway_image.py
+test-fleet: lab-artifacts
 	molecule test -s fleet
 
 # vllm-wizard 0.2.0 (the comparison) lives in its own venv; --lab adds the live lab server when it runs.

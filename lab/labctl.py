@@ -5,7 +5,7 @@ Built without any registry: the base image comes from Debian's packages (mmdebst
 the hash of its recipe. Every object the lab creates carries the label onprem.vllm.lab, and `down` removes only those.
 
   labctl.py image                       build (or reuse) the workstation base image
-  labctl.py up [--workstations N] [--gateway]
+  labctl.py up [--workstations N] [--gateway] [--seed]
   labctl.py down
   labctl.py status
 """
@@ -191,19 +191,25 @@ def host_plan(workstations: int, gateway: bool, subnet: str) -> list[dict]:
     return plan
 
 
-def run_host(host: dict, image: str) -> None:
-    args = ["run", "-d", "--name", host["name"], "--hostname", host["name"],
-            "--label", f"{LAB_LABEL}=1", "--label", f"{ROLE_LABEL}={host['role']}",
-            "--network", NETWORK, "--ip", host["ip"],
+def systemd_host_args(name: str, volume: str) -> list[str]:
+    """`docker run` options of a systemd host with its own Docker engine on `volume` (lab hosts, the image store)."""
+    args = ["--name", name, "--hostname", name,
             "--cap-drop", "ALL", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
             "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
             "--shm-size", "1g", "--stop-signal", "SIGRTMIN+3",
-            "-v", f"{host['name']}-docker:/var/lib/docker",
+            "-v", f"{volume}:/var/lib/docker",
             "-v", f"{SHARE_DIR}:/srv/lab-share:ro"]
     for cap in CAPABILITIES:
         args += ["--cap-add", cap]
-    docker("volume", "create", "--label", f"{LAB_LABEL}=1", f"{host['name']}-docker")
-    docker(*args, image)
+    return args
+
+
+def run_host(host: dict, image: str) -> None:
+    volume = f"{host['name']}-docker"
+    docker("volume", "create", "--label", f"{LAB_LABEL}=1", volume)
+    docker("run", "-d", *systemd_host_args(host["name"], volume),
+           "--label", f"{LAB_LABEL}=1", "--label", f"{ROLE_LABEL}={host['role']}",
+           "--network", NETWORK, "--ip", host["ip"], image)
 
 
 def wait_for_systemd(name: str, timeout: float = 90) -> None:
@@ -219,7 +225,7 @@ def wait_for_systemd(name: str, timeout: float = 90) -> None:
                    f"see `docker logs {name}`")
 
 
-def up(workstations: int, gateway: bool, subnet: str, ca_bundle: Path | None) -> None:
+def up(workstations: int, gateway: bool, subnet: str, ca_bundle: Path | None, seed: bool = False) -> None:
     if not 1 <= workstations <= MAX_WORKSTATIONS:
         raise LabError(f"--workstations must be 1..{MAX_WORKSTATIONS}, got {workstations}")
     require_docker()
@@ -234,10 +240,12 @@ def up(workstations: int, gateway: bool, subnet: str, ca_bundle: Path | None) ->
     ensure_network(subnet)
     image = build_image(ca_bundle)
     SHARE_DIR.mkdir(parents=True, exist_ok=True)
+    created = []
     for host in plan:
         row = existing.get(host["name"])
         if row is None:
             run_host(host, image)
+            created.append(host)
             print(f"{host['name']}: created ({host['role']}, {host['ip']})")
         elif row["State"] != "running":
             docker("start", host["name"])
@@ -246,6 +254,12 @@ def up(workstations: int, gateway: bool, subnet: str, ca_bundle: Path | None) ->
             print(f"{host['name']}: running")
     for host in plan:
         wait_for_systemd(host["name"])
+    new_workstations = [host["name"] for host in created if host["role"] == "workstation"]
+    if seed and new_workstations:
+        # image_store imports labctl: run as a script, this module is __main__, and one module object keeps one LabError.
+        sys.modules.setdefault("labctl", sys.modules[__name__])
+        import image_store  # pylint: disable=import-outside-toplevel
+        image_store.seed(new_workstations, image_store.serving_entry())
     extra = sorted(set(existing) - {host["name"] for host in plan})
     if extra:
         print(f"note: lab hosts outside this plan are left as they are: {', '.join(extra)} (`labctl.py down` removes "
@@ -285,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--workstations", type=int, default=int(os.environ.get("LAB_WORKSTATIONS", "2")))
     p_up.add_argument("--gateway", action="store_true", help="also start a gateway host")
     p_up.add_argument("--subnet", default=os.environ.get("LAB_SUBNET", DEFAULT_SUBNET))
+    p_up.add_argument("--seed", action="store_true",
+                      help="give new workstations the serving image from the image store (lab/image_store.py)")
     p_up.add_argument("--ca-bundle", type=Path, default=default_ca, help=ca_help)
     p_up.add_argument("--no-ca-bundle", dest="ca_bundle", action="store_const", const=None)
     sub.add_parser("down", help="remove every lab host, its volume and the lab network (nothing else)")
@@ -296,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "image":
             build_image(args.ca_bundle)
         elif args.command == "up":
-            up(args.workstations, args.gateway, args.subnet, args.ca_bundle)
+            up(args.workstations, args.gateway, args.subnet, args.ca_bundle, args.seed)
         elif args.command == "down":
             down()
         else:
