@@ -2,13 +2,16 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Packs what benchmarks/gpu_compare/run.sh needs on a GPU machine that has CUDA PyTorch 2.11 but no vLLM and no
 # network (the H200 this project borrows): vLLM 0.26.0 (the last release built for torch 2.11 + CUDA 13) and its
-# pure-Python dependencies as a site folder, plus the lab checkpoint's tokenizer. Its two parts stay under 64 MiB each,
+# pure-Python dependencies as a site folder, plus the lab checkpoint's tokenizer. Its parts stay under 64 MiB each,
 # so each fits one call of the device tool:
 #   .device/gpu-compare-1/  vLLM's CUDA kernels (_C_stable_libtorch, xz)
 #   .device/gpu-compare-2/  site.tar.xz (vLLM's Python code, its FlashAttention 3 kernels, dependencies) + tokenizer/
-# Left out on purpose: FlashAttention 2 (Hopper runs FA3), the MoE kernels, DeepGEMM and Blackwell's FMHA (the benchmark
-# model is dense), the Rust frontend (off by default), FlashInfer (run.sh turns its sampler off) and the other GPU
-# extras vLLM imports only when it uses them.
+#   .device/gpu-compare-3/  vLLM's MoE kernels (_moe_C_stable_libtorch, xz): only MoE models need them
+#                           (kv_startups.sh stages them; run.sh's dense benchmark does not)
+# Left out on purpose: FlashAttention 2 (Hopper runs FA3), DeepGEMM (vLLM then runs block-FP8 MoE/linear layers with
+# its Triton/CUTLASS kernels; DeepGEMM would JIT-compile with nvcc at every start) and Blackwell's FMHA, the Rust
+# frontend (off by default), FlashInfer (run.sh turns its sampler off) and the other GPU extras vLLM imports only when
+# it uses them.
 # Run from the repository root after `make site` has built the lab checkpoint:  bash benchmarks/gpu_compare/pack.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,13 +47,14 @@ DEPS=(agent-detector==2.0.0 annotated-types==0.8.0 anthropic==2.14.0 apache-tvm-
       referencing==0.37.0 rich-toolkit==0.20.6 rignore==0.8.1 rpds-py==2026.9.1 sentry-sdk==2.75.0
       setproctitle==1.3.8 sniffio==1.3.1 sse-starlette==3.7.0 starlette==1.10.0 supervisor==4.3.0 truststore==0.10.5
       typing-inspection==0.4.5 uvicorn==0.54.0 watchfiles==1.3.0 websockets==17.4 xgrammar==0.2.9)
-rm -rf "$WORK" .device/gpu-compare-1 .device/gpu-compare-2
-mkdir -p "$WORK/wheels" "$WORK/site" .device/gpu-compare-1 .device/gpu-compare-2/tokenizer
+rm -rf "$WORK" .device/gpu-compare-1 .device/gpu-compare-2 .device/gpu-compare-3
+mkdir -p "$WORK/wheels" "$WORK/site" .device/gpu-compare-1 .device/gpu-compare-2/tokenizer .device/gpu-compare-3
 "${FETCH[@]}" -d "$WORK/wheels" "vllm==$VLLM_VERSION" "${DEPS[@]}"
 "${PIP[@]}" install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" --target "$WORK/site" "$WORK"/wheels/*.whl
 SITE="${WORK:?}/site"
 xz -T0 -6 -c "$SITE/vllm/_C_stable_libtorch.abi3.so" > .device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz
+xz -T0 -6 -c "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" > .device/gpu-compare-3/_moe_C_stable_libtorch.abi3.so.xz
 rm -rf "${SITE:?}/vllm/_C_stable_libtorch.abi3.so" "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
   "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" "$SITE/vllm/third_party/deep_gemm" "$SITE/vllm/third_party/fmha_sm100" \
   "${SITE:?}/vllm/vllm-rs" "${SITE:?}/bin"
@@ -59,4 +63,4 @@ SNAPSHOTS=(lab/build/share/hf-seed/hub/models--onprem-lab--tiny-qwen3/snapshots/
 SNAPSHOT=${SNAPSHOTS[0]}
 cp -L "$SNAPSHOT"/tokenizer.json "$SNAPSHOT"/tokenizer_config.json "$SNAPSHOT"/generation_config.json \
   "$SNAPSHOT"/config.json .device/gpu-compare-2/tokenizer/
-du -sh .device/gpu-compare-1 .device/gpu-compare-2
+du -sh .device/gpu-compare-1 .device/gpu-compare-2 .device/gpu-compare-3

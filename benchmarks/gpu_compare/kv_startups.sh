@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# vLLM 0.26.0 startups on a borrowed GPU machine (CUDA PyTorch 2.11, no vLLM, no network) for the KV-cache planner's
+# calibration (issue #22): real models' config.json (benchmarks/gpu_compare/model-configs) with --load-format dummy,
+# which allocates what real weights do. Each server is stopped as soon as vLLM has logged its KV pool ("Available KV
+# cache memory", "GPU KV cache size") and its own memory split ("Actual usage is ... for weight, ... peak activation,
+# ... non-torch memory, and ... CUDAGraph memory", logged after graph capture): 55-145 s a startup on the H200
+# (2026-12-01: eager ~55 s, compiled ~75 s with a warm torch.compile cache, ~100 s cold, the MoE model 143 s).
+# From the repository root, after benchmarks/gpu_compare/pack.sh (one device call each):
+#   bash benchmarks/gpu_compare/kv_startups.sh stage1      # carry .device/gpu-compare-1: vLLM's kernels -> $STAGE
+#   bash benchmarks/gpu_compare/kv_startups.sh stage3      # carry .device/gpu-compare-3: vLLM's MoE kernels -> $STAGE
+#   bash benchmarks/gpu_compare/kv_startups.sh run ID...   # carry .device/gpu-compare-2 (first run call only): unpack
+#                                                          # the site, then the listed startups in order (all: every ID)
+#   bash benchmarks/gpu_compare/kv_startups.sh list        # the run table
+# BUDGET_S (default 540): no startup begins unless its estimate fits in what is left of it. Results: $OUT/kv-logs.tar.xz
+# (rewritten after every startup, so a call cut short still returns what ran): <id>.log per run, whose first lines are
+# the exact command and environment, and runs.tsv (id, how it ended, seconds, exit status).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+STAGE=${STAGE:-/root/kv-startups}
+OUT=${OUT:-$PWD/kv-startups-out}
+BUDGET_S=${BUDGET_S:-540}
+RUN_LIMIT_S=${RUN_LIMIT_S:-240}   # one startup at most (then it is stopped and its log kept)
+CONFIGS=benchmarks/gpu_compare/model-configs
+T0=$(date +%s)
+mkdir -p "$STAGE" "$OUT"
+
+# id | model-configs dir | gpu_memory_utilization | max_model_len | further flags | estimated seconds (as measured)
+RUNS='
+q30moe-fp8-u090-32k|Qwen3-30B-A3B-FP8|0.9|32768||150
+q8b-u090-32k|Qwen3-8B|0.9|32768||105
+q8b-u090-32k-eager|Qwen3-8B|0.9|32768|--enforce-eager|60
+q8b-u050-32k|Qwen3-8B|0.5|32768||75
+q8b-u050-32k-eager|Qwen3-8B|0.5|32768|--enforce-eager|60
+q06b-u030-32k|Qwen3-0.6B|0.3|32768||85
+q32b-u090-40k|Qwen3-32B|0.9|40960||95
+q8b-u090-32k-fp8kv|Qwen3-8B|0.9|32768|--kv-cache-dtype fp8|100
+qwen25-7b-u090-32k|Qwen2.5-7B-Instruct|0.9|32768||95
+mistral-7b-u090-32k|Mistral-7B-Instruct-v0.3|0.9|32768||100
+qwen25-7b-awq-u090-32k|Qwen2.5-7B-Instruct-AWQ|0.9|32768||90
+q30moe-fp8-u090-32k-eager|Qwen3-30B-A3B-FP8|0.9|32768|--enforce-eager|90
+q06b-u090-32k-eager|Qwen3-0.6B|0.9|32768|--enforce-eager|55
+q8b-u090-32k-mnbt16k|Qwen3-8B|0.9|32768|--max-num-batched-tokens 16384|105
+q8b-u090-32k-seqs256|Qwen3-8B|0.9|32768|--max-num-seqs 256|105
+q32b-u095-40k-eager|Qwen3-32B|0.95|40960|--enforce-eager|65
+'
+
+row() { printf '%s\n' "$RUNS" | awk -F'|' -v id="$1" '$1 == id'; }
+
+unxz_to() {  # Python's lzma: the GPU image need not have xz
+  python3 -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)' "$1" "$2"
+}
+
+case "${1:-}" in
+  list) printf '%s\n' "$RUNS" | sed '/^$/d'; exit 0 ;;
+  stage1)
+    mkdir -p "$STAGE/kernels"
+    unxz_to .device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz "$STAGE/kernels/_C_stable_libtorch.abi3.so"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
+    ls -la "$STAGE/kernels"; exit 0 ;;
+  stage3)
+    mkdir -p "$STAGE/kernels"
+    unxz_to .device/gpu-compare-3/_moe_C_stable_libtorch.abi3.so.xz "$STAGE/kernels/_moe_C_stable_libtorch.abi3.so"
+    ls -la "$STAGE/kernels"; exit 0 ;;
+  run) shift ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
+esac
+
+SITE="$STAGE/site"
+if [ ! -f "$SITE/vllm/_C_stable_libtorch.abi3.so" ]; then
+  rm -rf "$SITE" && mkdir -p "$SITE"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+    .device/gpu-compare-2/site.tar.xz "$SITE"
+  mkdir -p "$STAGE/tokenizer" && cp .device/gpu-compare-2/tokenizer/tokenizer.json \
+    .device/gpu-compare-2/tokenizer/tokenizer_config.json "$STAGE/tokenizer/"
+  for so in _C_stable_libtorch.abi3.so _moe_C_stable_libtorch.abi3.so; do
+    [ -f "$STAGE/kernels/$so" ] && cp "$STAGE/kernels/$so" "$SITE/vllm/$so"
+  done
+  echo "site unpacked in $(( $(date +%s) - T0 )) s"
+fi
+export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
+# Set on every lent GPU machine; keep them set for any program started here (the device tool's KINDS.md says why).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# FlashInfer is not in the pack: vLLM then samples top-k/top-p with PyTorch. No network: never ask the hub.
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# DEBUG adds vLLM's own profile lines before the KV line (free memory at start, torch peak, non-torch increase).
+export VLLM_LOGGING_LEVEL=DEBUG
+LOGS="$STAGE/logs"
+mkdir -p "$LOGS"
+[ -f "$LOGS/runs.tsv" ] || printf 'id\tended\tseconds\texit\n' > "$LOGS/runs.tsv"
+
+pack_logs() {
+  python3 -c 'import os, sys, tarfile
+with tarfile.open(sys.argv[2], "w:xz") as tar:
+    for name in sorted(os.listdir(sys.argv[1])):
+        tar.add(os.path.join(sys.argv[1], name), arcname=name)' "$LOGS" "$OUT/kv-logs.tar.xz"
+}
+
+gpu_used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1 | tr -dc '0-9'; }
+
+wait_gpu_free() {
+  for _ in $(seq 1 60); do
+    [ "$(gpu_used_mib)" -lt 1024 ] && return 0
+    sleep 0.5
+  done
+  echo "GPU memory still in use: $(gpu_used_mib) MiB"
+}
+
+stop_server() {  # the server and its engine process share one process group (set -m)
+  kill -TERM -- "-$1" 2>/dev/null || true
+  for _ in $(seq 1 30); do
+    kill -0 -- "-$1" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -KILL -- "-$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+python3 -c 'import vllm, vllm._C_stable_libtorch; print("vllm", vllm.__version__)'
+[ "${1:-}" = all ] && set -- $(printf '%s\n' "$RUNS" | awk -F'|' 'NF > 1 {print $1}')
+set -m
+for id in "$@"; do
+  spec=$(row "$id")
+  [ -n "$spec" ] || { echo "unknown run $id"; continue; }
+  IFS='|' read -r _ model util max_len flags estimate <<< "$spec"
+  left=$(( BUDGET_S - ($(date +%s) - T0) ))
+  if [ "$left" -lt "$estimate" ]; then
+    echo "skip $id: ${left}s left of BUDGET_S, estimate ${estimate}s"
+    printf '%s\tskipped\t0\t-\n' "$id" >> "$LOGS/runs.tsv"
+    continue
+  fi
+  dir="$STAGE/models/$model"
+  mkdir -p "$dir"
+  cp "$CONFIGS/$model/config.json" "$dir/config.json"
+  cp "$STAGE/tokenizer/tokenizer.json" "$STAGE/tokenizer/tokenizer_config.json" "$dir/"
+  # shellcheck disable=SC2206
+  cmd=(python3 -m vllm.entrypoints.openai.api_server --model "$dir" --served-model-name "$model" --port 8000
+       --load-format dummy --gpu-memory-utilization "$util" --max-model-len "$max_len" $flags)
+  log="$LOGS/$id.log"
+  {
+    echo "# run: $id (model config: $CONFIGS/$model/config.json, dummy weights)"
+    echo "# command: ${cmd[*]}"
+    echo "# env: PYTHONPATH=$PYTHONPATH VLLM_LOGGING_LEVEL=$VLLM_LOGGING_LEVEL VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
+    echo "# gpu before: $(nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader)"
+    echo "# started: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  } > "$log"
+  start=$(date +%s)
+  "${cmd[@]}" >> "$log" 2>&1 &
+  pid=$!
+  ended=timeout
+  kv_at=0
+  while :; do
+    if grep -q "Actual usage is" "$log"; then ended=logged; break; fi
+    kill -0 "$pid" 2>/dev/null || { ended=exited; break; }
+    now=$(date +%s)
+    if [ "$kv_at" = 0 ] && grep -q "GPU KV cache size" "$log"; then kv_at=$now; fi
+    # KV lines but no memory split within 90 s (graph capture stuck): keep what is there
+    if [ "$kv_at" != 0 ] && [ $(( now - kv_at )) -gt 90 ]; then ended=kv-only; break; fi
+    [ $(( now - start )) -gt "$RUN_LIMIT_S" ] && break
+    [ $(( BUDGET_S - (now - T0) )) -lt 5 ] && { ended=budget; break; }
+    sleep 0.5
+  done
+  sleep 0.5
+  status=-
+  if [ "$ended" = exited ]; then wait "$pid" && status=0 || status=$?; else stop_server "$pid"; fi
+  seconds=$(( $(date +%s) - start ))
+  echo "# ended: $ended after ${seconds}s (exit status $status) $(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$log"
+  printf '%s\t%s\t%s\t%s\n' "$id" "$ended" "$seconds" "$status" >> "$LOGS/runs.tsv"
+  echo "$id: $ended after ${seconds}s"
+  grep -E "Model loading took|Available KV cache memory|GPU KV cache size|Maximum concurrency|Actual usage is|Error|error:" \
+    "$log" | cut -c1-400 | head -12 || true
+  wait_gpu_free
+  pack_logs
+done
+set +m
+pack_logs
+cat "$LOGS/runs.tsv"
+echo "total $(( $(date +%s) - T0 )) s"
