@@ -15,6 +15,8 @@ Rows come from benchmarks/data/kv_startup_logs.yaml (each cites its source). Thr
   verdict    fits / does not fit against what the log shows.
   coverage   sliding-window / hybrid models: the planner must decline rather than claim a size.
 Rows marked `fit: true` are the ones the overhead constants were fitted on (--fit); the rest are held out.
+Then the vLLM 0.26.0 H200 startups (benchmarks/data/kv-h200-vllm0.26-2026-12-01/runs.yaml) per term, fit runs and
+the runs held out of the vLLM >= 0.26 fit (H200_HELD_OUT) separately; --fit refits those terms too.
 vllm-wizard 0.2.0 (PyPI) is driven through its Python API in its own venv, on the same rows.
 """
 from __future__ import annotations
@@ -41,6 +43,10 @@ from ansible_collections.onprem.vllm.plugins.module_utils.model_config import ( 
 
 GIB = kc.GIB
 DATA = os.path.join(ROOT, "benchmarks", "data", "kv_startup_logs.yaml")
+H200_DATA = os.path.join(ROOT, "benchmarks", "data", "kv-h200-vllm0.26-2026-12-01")
+# Held out of the vLLM >= 0.26 fit, chosen before fitting: a family the fit has not seen (Mistral, 32k vocab),
+# AWQ weights, a warm torch.compile cache at low utilization, and an FP8 KV cache.
+H200_HELD_OUT = ("mistral-7b-u090-32k", "qwen25-7b-awq-u090-32k", "q8b-u050-32k", "q8b-u090-32k-fp8kv")
 FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "models")
 LOG_ROUNDING_GIB = 0.005  # vLLM prints GiB with two decimals
 
@@ -176,6 +182,132 @@ def coverage_check(row, shape):
     result = kc.plan(request_for(row, shape, gpu_memory_bytes=row.get("total_memory_gib") and int(
         row["total_memory_gib"] * GIB) or 80 * GIB))
     return (not result.covered) and not result.fits
+
+
+# --- vLLM 0.26 startups on the H200 ---------------------------------------------------------------------------
+
+def load_h200_runs(path=H200_DATA):
+    """runs.yaml of the H200 startups (written by benchmarks/gpu_compare/parse_kv_startups.py), fit/held-out marked."""
+    with open(os.path.join(path, "runs.yaml"), "r", encoding="utf-8") as handle:
+        runs = yaml.safe_load(handle)["runs"]
+    for run in runs:
+        run["held_out"] = run["id"] in H200_HELD_OUT
+    return runs
+
+
+def h200_request(run, weights_from_log=True, **overrides):
+    with open(os.path.join(ROOT, run["config"]), "r", encoding="utf-8") as handle:
+        shape = parse_config(json.load(handle), source=run["model"])
+    logged = run["logged"]
+    values = dict(shape=shape, gpu_memory_bytes=int(logged["total_memory_gib"] * GIB),
+                  gpu_memory_utilization=float(run["gpu_memory_utilization"]), max_model_len=int(run["max_model_len"]),
+                  kv_cache_dtype=run["kv_cache_dtype"], vllm_version="0.26.0", gpu_name="NVIDIA H200",
+                  enforce_eager=bool(run["enforce_eager"]))
+    if weights_from_log:
+        values["weights_bytes_per_gpu"] = int(logged["weights_gib"] * GIB)
+    values.update(overrides)
+    return kc.PlanRequest(**values)
+
+
+def h200_score(run, weights_from_log=True):
+    """Per-term prediction of one H200 run against its log; errors of available memory in % of the budget."""
+    logged = run["logged"]
+    result = kc.plan(h200_request(run, weights_from_log))
+    low, high = (kc.plan(h200_request(run, available_kv_cache_bytes=int((logged["available_kv_gib"] + d) * GIB),
+                                      gpu_memory_bytes=None)).kv_cache_tokens
+                 for d in (-LOG_ROUNDING_GIB, LOG_ROUNDING_GIB))
+    return {
+        "id": run["id"], "held_out": run["held_out"], "budget_gib": result.budget_bytes / GIB,
+        "weights": (result.weights_bytes_per_gpu / GIB, logged["weights_gib"]),
+        "peak": (result.activation_peak_bytes / GIB, logged["actual_peak_activation_gib"]),
+        "non_torch": (result.non_torch_bytes / GIB, logged["actual_non_torch_gib"]),
+        # what vLLM subtracted for CUDA graphs: its estimate (runner V1), else the remainder of its own split
+        "cudagraph": (result.cudagraph_bytes / GIB, logged.get(
+            "cudagraph_estimate_gib", max(run["derived"]["cudagraph_subtracted_in_budget_gib"], 0))),
+        "available": (result.available_kv_cache_bytes / GIB, logged["available_kv_gib"]),
+        "error": (result.available_kv_cache_bytes - logged["available_kv_gib"] * GIB) / result.budget_bytes,
+        "tokens": (result.kv_cache_tokens, logged["kv_cache_tokens"]),
+        "tokens_exact": low <= logged["kv_cache_tokens"] <= high,
+        "fits": result.fits,
+        # kv_cache.py as committed with the runs (the constants fitted on vLLM 0.6/0.7 logs), from runs.yaml
+        "before": run["predicted"]["logged_weights" if weights_from_log else "config_weights"][
+            "available_error_pct_of_budget"] / 100,
+    }
+
+
+def h200_table(weights_from_log=True, verbose=True):
+    """Print the H200 table, fit runs then held-out runs; returns {"fit": [errors], "held_out": [errors], ...}."""
+    runs = load_h200_runs()
+    scores = [h200_score(run, weights_from_log) for run in runs]
+    out = {"fit": [], "held_out": [], "before_fit": [], "before_held_out": [], "tokens_exact": 0, "tokens_n": 0,
+           "wrong_verdicts": []}
+    if verbose:
+        print("vLLM 0.26.0 on one H200 (benchmarks/data/kv-h200-vllm0.26-2026-12-01), weights %s; GiB "
+              "predicted/logged" % ("as logged" if weights_from_log else "from config.json"))
+        print("%-26s %6s | %13s %11s %11s %11s | %15s %7s %7s | %17s %5s" % (
+            "run", "budget", "weights", "peak", "non-torch", "cudagraph", "available KV", "err/bud", "before",
+            "tokens pred/log", "exact"))
+    for group, label in ((False, "fit"), (True, "held out")):
+        if verbose:
+            print("-- %s runs" % label)
+        for score in (s for s in scores if s["held_out"] == group):
+            out["held_out" if group else "fit"].append(score["error"])
+            out["before_held_out" if group else "before_fit"].append(score["before"])
+            out["tokens_n"] += 1
+            out["tokens_exact"] += score["tokens_exact"]
+            if not score["fits"]:  # every run started, so a misfit verdict would be wrong
+                out["wrong_verdicts"].append(score["id"])
+            if verbose:
+                print(("%-26s %6.2f | %6.2f/%6.2f %5.2f/%5.2f %5.2f/%5.2f %5.2f/%5.2f | %7.2f/%7.2f %7s %7s"
+                       " | %8d/%8d %5s")
+                      % ((score["id"],) + (score["budget_gib"],) + score["weights"] + score["peak"]
+                         + score["non_torch"] + score["cudagraph"] + score["available"]
+                         + (pct(score["error"]), pct(score["before"])) + score["tokens"]
+                         + ("yes" if score["tokens_exact"] else "no",)))
+    if verbose:
+        print("  cudagraph logged = what vLLM subtracted: its estimate (runner V1), else requested - weight - peak - "
+              "non-torch - available (+-0.01 rounding); before = kv_cache.py of 2026-12-01 (runs.yaml)")
+        print("  " + summarize("fit runs: available KV memory, % of util x total", out["fit"])
+              + "; before: " + summarize("", out["before_fit"]).lstrip(": "))
+        print("  " + summarize("held-out runs: available KV memory, % of util x total", out["held_out"])
+              + "; before: " + summarize("", out["before_held_out"]).lstrip(": "))
+        print("  tokens from the logged available memory exact to the block: %d/%d; wrong verdicts: %d %s"
+              % (out["tokens_exact"], out["tokens_n"], len(out["wrong_verdicts"]), out["wrong_verdicts"]))
+    return out
+
+
+def fit_026(verbose=True):
+    """Refit the vLLM >= 0.26 terms on the H200 fit runs; print them beside kv_cache.py's constants."""
+    fit_runs = [r for r in load_h200_runs() if not r["held_out"]]
+    dense, moe = [], []
+    for run in fit_runs:
+        shape = h200_request(run).shape
+        tokens = run["logged"]["max_num_batched_tokens"]
+        forward = tokens * (shape.hidden_size + kc.mlp_width_per_gpu(shape, 1, False))
+        sampler = min(1024, tokens) * shape.vocab_size * 4
+        peak = run["logged"]["actual_peak_activation_gib"] * GIB
+        (moe if shape.is_moe else dense).append((run["id"], forward, sampler, peak))
+    base, per_width = _solve([[1.0, f / GIB] for _i, f, _s, _p in dense], [p / GIB for _i, _f, _s, p in dense])
+    under = max(p / GIB - base - per_width * f / GIB for _i, f, _s, p in dense)
+    base += max(under, 0.0)
+    copies = [(p / GIB - base - per_width * f / GIB) / (s / GIB) for _i, f, s, p in moe]
+    non_torch = max(r["logged"]["actual_non_torch_gib"] for r in fit_runs)
+    graphs = [r["logged"]["cudagraph_estimate_gib"] for r in fit_runs if "cudagraph_estimate_gib" in r["logged"]]
+    if verbose:
+        print("vLLM >= 0.26 fit runs: " + ", ".join(r["id"] for r in fit_runs))
+        print("  held out: " + ", ".join(H200_HELD_OUT))
+        print("  ACTIVATION_026_BASE_BYTES = %.3f GiB (least squares + %.3f GiB so no fit run is under-predicted), "
+              "ACTIVATION_026_BYTES_PER_TOKEN_WIDTH = %.2f" % (base, under, per_width))
+        print("  ACTIVATION_026_V1_SAMPLER_COPIES = %s (from %s)" % (
+            ", ".join("%.2f" % c for c in copies), ", ".join(m[0] for m in moe)))
+        print("  NON_TORCH_026_BYTES_BY_TP[1] = %.2f GiB (largest logged), CUDAGRAPH_026_V1_ESTIMATE_BYTES = %s GiB"
+              % (non_torch, graphs))
+        print("  in kv_cache.py: base %.3f GiB, per width %.2f, V1 sampler copies %.2f, TP1 non-torch %.2f GiB, "
+              "V1 CUDA graphs %.2f GiB" % (
+                  kc.ACTIVATION_026_BASE_BYTES / GIB, kc.ACTIVATION_026_BYTES_PER_TOKEN_WIDTH,
+                  kc.ACTIVATION_026_V1_SAMPLER_COPIES, kc.NON_TORCH_026_BYTES_BY_TP[1] / GIB,
+                  kc.CUDAGRAPH_026_V1_ESTIMATE_BYTES / GIB))
+    return base, per_width, copies, non_torch, graphs
 
 
 # --- fit ------------------------------------------------------------------------------------------------------
@@ -395,6 +527,10 @@ def benchmark(wizard_python):
     counts = (len(rows), len(token_errors), len(avail_errors), len(verdict_rows), len(coverage))
     print("Rows: %d; tokens-scored %d, available-scored %d, verdict-scored %d, coverage %d. Rows without a number "
           "in their log are not scored on it." % counts)
+    print()
+    h200_table(weights_from_log=True)
+    print()
+    h200_table(weights_from_log=False)
 
 
 def speed(runs=2000):
@@ -479,7 +615,8 @@ def main(argv=None):
     parser.add_argument("--wizard-python", default="/tmp/wiz/bin/python",
                         help="python of a venv with vllm-wizard==0.2.0 (skipped when missing)")
     parser.add_argument("--speed", action="store_true", help="time one in-process evaluation")
-    parser.add_argument("--fit", action="store_true", help="refit the overhead constants on the `fit: true` rows")
+    parser.add_argument("--fit", action="store_true",
+                        help="refit the overhead constants on the `fit: true` rows and the H200 fit runs")
     parser.add_argument("--lab", action="store_true",
                         help="check the lab CPU server: the committed startup log and the live `docker logs vllm`")
     parser.add_argument("--lab-container", default=LAB_CONTAINER, help="lab workstation container running vllm")
@@ -496,6 +633,8 @@ def main(argv=None):
         return 0
     if args.fit:
         fit(load_rows())
+        print()
+        fit_026()
         return 0
     benchmark(args.wizard_python)
     return 0

@@ -5,7 +5,6 @@
 """
 import glob
 import json
-import math
 import os
 import re
 import sys
@@ -82,12 +81,12 @@ def predict(model, argv, logged):
     plan = kc.plan(kc.PlanRequest(**base))
     out["config_weights"] = plan
     if logged.get("weights_gib") is not None:
-        out["logged_weights"] = kc.plan(kc.PlanRequest(**dict(base, weights_bytes_per_gpu=int(logged["weights_gib"] * GIB))))
+        out["logged_weights"] = kc.plan(kc.PlanRequest(**{**base, "weights_bytes_per_gpu": int(logged["weights_gib"] * GIB)}))
     if logged.get("available_kv_gib") is not None:
         tok = {}
         for label, delta in (("low", -0.005), ("mid", 0.0), ("high", 0.005)):
             avail = int((logged["available_kv_gib"] + delta) * GIB)
-            tok[label] = kc.plan(kc.PlanRequest(**dict(base, available_kv_cache_bytes=avail, gpu_memory_bytes=None))).kv_cache_tokens
+            tok[label] = kc.plan(kc.PlanRequest(**{**base, "available_kv_cache_bytes": avail, "gpu_memory_bytes": None})).kv_cache_tokens
         out["tokens"] = tok
     return out, shape
 
@@ -167,7 +166,7 @@ def main(data_dir):
             if key in logged:
                 print("      %s: %s" % (key, logged[key]))
         if all(k in logged for k in ("requested_gib", "actual_weight_gib", "actual_peak_activation_gib",
-                                       "actual_non_torch_gib", "available_kv_gib")):
+                                     "actual_non_torch_gib", "available_kv_gib")):
             rest = (logged["requested_gib"] - logged["actual_weight_gib"] - logged["actual_peak_activation_gib"]
                     - logged["actual_non_torch_gib"] - logged["available_kv_gib"])
             print("    derived:")

@@ -56,6 +56,34 @@ MLA_ALIGN_BYTES = 256
 # Devices of at least 70 GiB that are not A100 get vLLM's larger scheduler defaults (EngineArgs.get_batch_defaults).
 LARGE_DEVICE_BYTES = 70 * GIB
 
+# --- vLLM >= 0.26: terms fitted on real startups -------------------------------------------------------------
+# Fitted on 8 of the 12 vLLM 0.26.0 startups on one H200 (TP1, 8192 batched tokens, 1024 seqs, dummy weights;
+# benchmarks/data/kv-h200-vllm0.26-2026-12-01): q06b-u030-32k, q06b-u090-32k-eager, q30moe-fp8-u090-32k,
+# q32b-u090-40k, q8b-u050-32k-eager, q8b-u090-32k-eager, q8b-u090-32k, qwen25-7b-u090-32k. Held out (chosen
+# before fitting, scored separately by benchmarks/kv_accuracy.py): mistral-7b-u090-32k, qwen25-7b-awq-u090-32k,
+# q8b-u050-32k, q8b-u090-32k-fp8kv. `kv_accuracy.py --fit` reprints every number below. Applied to every version
+# from 0.26 on; newer versions than 0.26 were not measured (the plan's notes say so).
+CALIBRATED_026_FROM = (0, 26, 0)
+CALIBRATED_026_MEASURED = (0, 26)
+# Peak activation (vLLM's "GiB for peak activation"): base + bytes per batched token and unit of width (hidden +
+# per-GPU MLP width), least squares on the seven dense fit runs, then raised by the largest under-prediction among
+# them (Qwen3-8B with a cold torch.compile: 1.29 GiB, 0.45 more than eager) so no fit run is under-predicted.
+# The dense runs' peaks do not follow max_num_seqs x vocab (Mistral's 32k vocab peaks above Qwen3-8B's 152k at
+# a similar width), so model runner V2 gets no sampler term.
+ACTIVATION_026_BASE_BYTES = int(0.567 * GIB)
+ACTIVATION_026_BYTES_PER_TOKEN_WIDTH = 3.30
+# Model runner V1 (MoE in 0.26) also runs its dummy sampler over max_num_seqs rows of fp32 logits: the copies that
+# close q30moe-fp8-u090-32k's 2.68 GiB after the dense terms. One run: fitted, not validated.
+ACTIVATION_026_V1_SAMPLER_COPIES = 2.31
+# Non-torch memory ("GiB for non-torch memory"): TP1 is the largest of the fit runs (0.22 dense, 0.24 MoE);
+# TP2-8 were not measured on 0.26, so they keep the older table's values.
+NON_TORCH_026_BYTES_BY_TP = {**NON_TORCH_BYTES_BY_TP, 1: int(0.24 * GIB)}
+# CUDA graphs: vLLM 0.26 runs dense models on model runner V2 ("Using V2 Model Runner"), whose profiler does not
+# subtract CUDA graphs (requested - weight - peak - non-torch - available = 0.00 +- 0.01 GiB on every dense run;
+# the graphs, 0.5-1.9 GiB, go in the 1 - util headroom). The MoE run uses runner V1, which subtracts its logged
+# "Estimated CUDA graph memory: 0.84 GiB" (q30moe-fp8-u090-32k; one run).
+CUDAGRAPH_026_V1_ESTIMATE_BYTES = int(0.84 * GIB)
+
 
 class PlanInputError(ValueError):
     """Bad input: the message names the field and what to change."""
@@ -179,6 +207,8 @@ class Plan:
     reasons: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     suggestions: dict = field(default_factory=dict)
+    # knobs that cannot make it fit on their own, with the number that shows it (for the misfit message)
+    cannot_fit: List[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -296,13 +326,42 @@ def activation_peak_bytes(shape: ModelShape, tp: int, batched_tokens: int, num_s
     return int(ACTIVATION_BASE_BYTES + sampler + forward)
 
 
-def non_torch_bytes(tp: int, pp: int) -> int:
+def non_torch_bytes(tp: int, pp: int, table: Optional[dict] = None) -> int:
+    table = table or NON_TORCH_BYTES_BY_TP
     world = tp * pp
-    known = sorted(NON_TORCH_BYTES_BY_TP)
-    if world in NON_TORCH_BYTES_BY_TP:
-        return NON_TORCH_BYTES_BY_TP[world]
+    known = sorted(table)
+    if world in table:
+        return table[world]
     below = max([k for k in known if k <= world] or [known[0]])
-    return NON_TORCH_BYTES_BY_TP[below]
+    return table[below]
+
+
+def uses_model_runner_v1(shape: ModelShape, version: tuple) -> bool:
+    """Whether vLLM profiles this model with model runner V1 (CUDA graphs inside the budget) rather than V2.
+
+    Seen in 0.26.0: every dense model (BF16, AWQ, FP8 KV; Qwen2.5/Qwen3/Mistral) logs "Using V2 Model Runner",
+    the block-FP8 MoE model does not. Before 0.26 there is only V1."""
+    return version < CALIBRATED_026_FROM or shape.is_moe
+
+
+def activation_peak_bytes_026(shape: ModelShape, tp: int, batched_tokens: int, num_seqs: int,
+                              expert_parallel: bool = False, runner_v1: bool = False) -> int:
+    """vLLM >= 0.26 peak activation of the profile run (see ACTIVATION_026_* for the runs it was fitted on)."""
+    width = shape.hidden_size + mlp_width_per_gpu(shape, tp, expert_parallel)
+    forward = ACTIVATION_026_BYTES_PER_TOKEN_WIDTH * batched_tokens * width
+    sampler = 0.0
+    if runner_v1:
+        sampler = ACTIVATION_026_V1_SAMPLER_COPIES * min(num_seqs, batched_tokens) * shape.vocab_size * 4
+    return int(ACTIVATION_026_BASE_BYTES + forward + sampler)
+
+
+def cudagraph_in_budget_bytes(shape: ModelShape, version: tuple, enforce_eager: bool) -> int:
+    """The CUDA-graph estimate vLLM subtracts from the budget while profiling (0 where graphs live outside it)."""
+    if enforce_eager or version < CUDAGRAPH_IN_BUDGET_FROM:
+        return 0
+    if version < CALIBRATED_026_FROM:
+        return CUDAGRAPH_ESTIMATE_BYTES
+    return CUDAGRAPH_026_V1_ESTIMATE_BYTES if uses_model_runner_v1(shape, version) else 0
 
 
 # --- the plan ------------------------------------------------------------------------------------------------
@@ -325,9 +384,14 @@ def _non_kv_bytes(req: PlanRequest, tp: int, version: tuple) -> dict:
     tokens = req.max_num_batched_tokens or default_tokens
     seqs = req.max_num_seqs or default_seqs
     weights, source = weights_per_gpu(req, tp)
-    act = activation_peak_bytes(shape, tp, tokens, seqs, req.enable_expert_parallel)
-    non_torch = non_torch_bytes(tp, req.pipeline_parallel_size)
-    cudagraph = CUDAGRAPH_ESTIMATE_BYTES if version >= CUDAGRAPH_IN_BUDGET_FROM and not req.enforce_eager else 0
+    if version >= CALIBRATED_026_FROM:
+        act = activation_peak_bytes_026(shape, tp, tokens, seqs, req.enable_expert_parallel,
+                                        uses_model_runner_v1(shape, version))
+        non_torch = non_torch_bytes(tp, req.pipeline_parallel_size, NON_TORCH_026_BYTES_BY_TP)
+    else:
+        act = activation_peak_bytes(shape, tp, tokens, seqs, req.enable_expert_parallel)
+        non_torch = non_torch_bytes(tp, req.pipeline_parallel_size)
+    cudagraph = cudagraph_in_budget_bytes(shape, version, req.enforce_eager)
     return {"weights": weights, "weights_source": source, "activation": act, "non_torch": non_torch,
             "cudagraph": cudagraph, "batched_tokens": tokens, "num_seqs": seqs}
 
@@ -410,6 +474,9 @@ def plan(req: PlanRequest) -> Plan:
         budget = math.ceil(req.gpu_memory_bytes * util)
         available, parts = _available_for(req, tp, util, version)
         weights = parts["weights"]
+        if version[:2] > CALIBRATED_026_MEASURED:
+            notes.append("non-KV terms calibrated on vLLM 0.26.0 startups; %s was not measured"
+                         % req.vllm_version)
         if weights > req.gpu_memory_bytes:
             reasons.append("Weights need %s GiB per GPU, more than the GPU's %s GiB: loading fails with CUDA out of "
                            "memory." % (_gib(weights), _gib(req.gpu_memory_bytes)))
@@ -480,6 +547,38 @@ def _needed_blocks(req: PlanRequest, max_len: int) -> int:
     return max(per_request, math.ceil(per_request * (req.min_concurrency or 1)))
 
 
+# The highest utilization suggested: the rest of the GPU holds the CUDA context and, on vLLM 0.26's model runner
+# V2, the CUDA graphs, which its budget does not count (0.5-1.9 GiB on the H200 runs).
+MAX_SUGGESTED_UTILIZATION = 0.98
+
+
+def largest_max_model_len(num_blocks: int, block_size: int, min_concurrency: Optional[float], cap: int) -> int:
+    """The longest max_model_len whose min_concurrency (1 if unset) requests fit in num_blocks (0: none fits)."""
+    usable_blocks = int(num_blocks // (min_concurrency or 1))
+    return min(usable_blocks * block_size, cap)
+
+
+def utilization_that_fits(need_blocks: int, page_size_per_layer: int, layers: int, non_kv_bytes: int,
+                          gpu_memory_bytes: int) -> float:
+    """The lowest gpu_memory_utilization (rounded up to 0.01) whose budget holds need_blocks after the non-KV part.
+
+    The non-KV part does not depend on the utilization, so this is exact given the estimated terms; it may exceed
+    1.0 (then no utilization fits)."""
+    needed = need_blocks * page_size_per_layer * layers + non_kv_bytes
+    return math.ceil(needed / gpu_memory_bytes * 100) / 100.0
+
+
+def tensor_parallel_that_fits(req: PlanRequest, util: float, version: tuple, layers: int,
+                              need_blocks: int) -> Optional[int]:
+    """The nearest TP (larger first) that passes vLLM's constraint checks and holds need_blocks, else None."""
+    current = req.tensor_parallel_size
+    candidates = [tp for tp in (1, 2, 4, 8) if tp > current] + [tp for tp in (8, 4, 2, 1) if tp < current]
+    for tp in candidates:
+        if not constraint_reasons(req, tp, version) and _fits_memory(req, tp, util, version, layers, need_blocks):
+            return tp
+    return None
+
+
 def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, need_blocks: int) -> bool:
     available = _available_for(req, tp, util, version)[0]
     page = kv_bytes_per_token_per_layer(req.shape, tp, req.kv_cache_dtype, version) * req.block_size
@@ -488,35 +587,46 @@ def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers:
 
 def suggest(req: PlanRequest, result: Plan, version: tuple, page: int, layers: int, memory_short: bool) -> dict:
     """The knobs that would make it fit: largest max_model_len; when it does not fit, utilization, fp8 KV cache,
-    a TP that passes the constraint checks and fits, or expert parallelism for block-FP8 MoE shards."""
+    a TP that passes the constraint checks and fits, or expert parallelism for block-FP8 MoE shards. A knob that
+    cannot fix it on its own goes to result.cannot_fit with its number."""
     shape = req.shape
     bs = req.block_size
     out: dict = {}
-    usable_blocks = int(result.num_gpu_blocks // (req.min_concurrency or 1))
     if req.allow_long_max_model_len:
-        longest = max(result.max_model_len, usable_blocks * bs)
+        cap = max(result.max_model_len, result.num_gpu_blocks * bs)
     else:
-        longest = shape.derived_max_model_len
-    out["max_model_len"] = min(usable_blocks * bs, longest)
+        cap = shape.derived_max_model_len
+    out["max_model_len"] = largest_max_model_len(result.num_gpu_blocks, bs, req.min_concurrency, cap)
     if result.fits or result.budget_bytes is None:
         return out
+    if memory_short and not out["max_model_len"]:
+        result.cannot_fit.append("no max_model_len fits at gpu_memory_utilization %.2f and tensor_parallel_size %d"
+                                 % (result.gpu_memory_utilization, req.tensor_parallel_size))
     need_blocks = _needed_blocks(req, result.max_model_len)
     util = result.gpu_memory_utilization or default_gpu_memory_utilization(version)
     if memory_short:
         non_kv = result.budget_bytes - result.available_kv_cache_bytes
-        util_needed = math.ceil((need_blocks * page * layers + non_kv) / req.gpu_memory_bytes * 100) / 100.0
-        if util_needed <= 0.98:
+        util_needed = utilization_that_fits(need_blocks, page, layers, non_kv, req.gpu_memory_bytes)
+        others = max(req.co_located_utilizations or [0.0])
+        if util_needed > MAX_SUGGESTED_UTILIZATION:
+            result.cannot_fit.append("no gpu_memory_utilization fits at tensor_parallel_size %d: it would take %.2f, "
+                                     "above %.2f" % (req.tensor_parallel_size, util_needed, MAX_SUGGESTED_UTILIZATION))
+        elif util_needed + others >= 1.0:
+            result.cannot_fit.append("gpu_memory_utilization %.2f would fit, but with %.2f of the instances sharing "
+                                     "the GPU it reaches 1.0" % (util_needed, others))
+        else:
             out["gpu_memory_utilization"] = util_needed
         if req.kv_cache_dtype == "auto":
             fp8_page = kv_bytes_per_token_per_layer(shape, req.tensor_parallel_size, "fp8", version) * bs
             if blocks_for(result.available_kv_cache_bytes, fp8_page, layers) >= need_blocks:
                 out["kv_cache_dtype"] = "fp8"
+    tp = tensor_parallel_that_fits(req, util, version, layers, need_blocks)
+    if tp is not None:
+        out["tensor_parallel_size"] = tp
+    elif memory_short:
+        result.cannot_fit.append("no tensor_parallel_size of 1, 2, 4 or 8 fits at gpu_memory_utilization %.2f"
+                                 % util)
     current = req.tensor_parallel_size
-    candidates = [tp for tp in (1, 2, 4, 8) if tp > current] + [tp for tp in (8, 4, 2, 1) if tp < current]
-    for tp in candidates:
-        if not constraint_reasons(req, tp, version) and _fits_memory(req, tp, util, version, layers, need_blocks):
-            out["tensor_parallel_size"] = tp
-            break
     if shape.is_moe and not req.enable_expert_parallel and constraint_reasons(req, current, version):
         with_ep = PlanRequest(**dict(req.__dict__, enable_expert_parallel=True))
         if not constraint_reasons(with_ep, current, version):
@@ -524,17 +634,36 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, page: int, layers: i
     return out
 
 
+def fix_text(result: Plan) -> str:
+    """The suggestions as a sentence with their numbers, for a failed task's message."""
+    sugg = result.suggestions
+    fixes = []
+    longest = sugg.get("max_model_len")
+    if longest is not None and 0 < longest < result.max_model_len:
+        fixes.append("max_model_len %d or less (the largest that fits)" % longest)
+    if "gpu_memory_utilization" in sugg:
+        fixes.append("gpu_memory_utilization %.2f" % sugg["gpu_memory_utilization"])
+    if "tensor_parallel_size" in sugg:
+        fixes.append("tensor_parallel_size %d" % sugg["tensor_parallel_size"])
+    if "kv_cache_dtype" in sugg:
+        fixes.append("kv_cache_dtype %s" % sugg["kv_cache_dtype"])
+    if sugg.get("enable_expert_parallel"):
+        fixes.append("enable_expert_parallel true")
+    return ("Any one of these fits: " + "; ".join(fixes) + ".") if fixes else ""
+
+
 def summary(result: Plan) -> str:
-    """One line a failed task can show: verdict, first reason, and the fix."""
-    fixes = ", ".join("%s=%s" % (k, v) for k, v in sorted(result.suggestions.items()))
+    """One line a failed task can show: verdict, reasons, the fixes with numbers, and what cannot fit."""
     head = "fits" if result.fits else "does not fit"
     text = "KV plan %s: %d tokens (%d blocks), %.2fx concurrency at max_model_len %d, %s GiB for KV" % (
         head, result.kv_cache_tokens, result.num_gpu_blocks, result.max_concurrency, result.max_model_len,
         _gib(result.available_kv_cache_bytes))
     if result.reasons:
         text += ". " + " ".join(result.reasons)
-    if fixes:
-        text += " Suggested: " + fixes
+    if fix_text(result):
+        text += " " + fix_text(result)
+    if result.cannot_fit:
+        text += " Not enough alone: " + "; ".join(result.cannot_fit) + "."
     return text
 
 
@@ -543,27 +672,34 @@ def summary(result: Plan) -> str:
 def logged_kv_cache_tokens(log_text: str) -> Optional[dict]:
     """The last `CPU|GPU KV cache size: N tokens` line of a vLLM startup log (0.8+ V1 wording), else None.
 
-    Returns {"device": "cpu"|"gpu", "tokens": N, "max_model_len": L or None, "max_concurrency": X or None}.
+    Returns {"device": "cpu"|"gpu", "tokens": N, "max_model_len": L or None, "max_concurrency": X or None}; the
+    concurrency is on the same line (0.32 CPU) or on the next log line (0.26 GPU).
     """
     found = None
     for line in log_text.splitlines():
         marker = line.find(" KV cache size: ")
-        if marker < 3 or line[marker - 3:marker] not in ("CPU", "GPU"):
-            continue
-        rest = line[marker + len(" KV cache size: "):]
-        number = rest.split(" tokens", 1)[0].replace(",", "").strip()
-        if not number.isdigit():
-            continue
-        found = {"device": line[marker - 3:marker].lower(), "tokens": int(number), "max_model_len": None,
-                 "max_concurrency": None}
-        if "Maximum concurrency for " in rest:
-            tail = rest.split("Maximum concurrency for ", 1)[1]
-            length = tail.split(" tokens", 1)[0].replace(",", "").strip()
-            factor = tail.split(": ", 1)[-1].strip().rstrip("x")
-            if length.isdigit():
-                found["max_model_len"] = int(length)
-            try:
-                found["max_concurrency"] = float(factor)
-            except ValueError:
-                pass
+        if marker >= 3 and line[marker - 3:marker] in ("CPU", "GPU"):
+            rest = line[marker + len(" KV cache size: "):]
+            number = rest.split(" tokens", 1)[0].replace(",", "").strip()
+            if number.isdigit():
+                found = {"device": line[marker - 3:marker].lower(), "tokens": int(number), "max_model_len": None,
+                         "max_concurrency": None}
+                _read_concurrency(rest, found)
+        elif found and found["max_concurrency"] is None:
+            _read_concurrency(line, found)
     return found
+
+
+def _read_concurrency(text: str, found: dict) -> None:
+    """Fill max_model_len / max_concurrency from `Maximum concurrency for L tokens per request: X.XXx`."""
+    if "Maximum concurrency for " not in text:
+        return
+    tail = text.split("Maximum concurrency for ", 1)[1]
+    length = tail.split(" tokens", 1)[0].replace(",", "").strip()
+    factor = tail.split(": ", 1)[-1].strip().rstrip("x")
+    if length.isdigit():
+        found["max_model_len"] = int(length)
+    try:
+        found["max_concurrency"] = float(factor)
+    except ValueError:
+        pass

@@ -217,10 +217,18 @@ notes:
 suggestions:
   description: >-
     Settings that would fit: the largest max_model_len, and when it does not fit the gpu_memory_utilization,
-    tensor_parallel_size or kv_cache_dtype that would.
+    tensor_parallel_size or kv_cache_dtype that would. The failure message lists them with their numbers.
   returned: always
   type: dict
   sample: {"max_model_len": 40960}
+cannot_fit:
+  description: >-
+    On a misfit, the knobs that cannot fix it on their own, with the number that shows it (e.g. the utilization it
+    would take above 0.98).
+  returned: always
+  type: list
+  elements: str
+  sample: ["no gpu_memory_utilization fits at tensor_parallel_size 1: it would take 1.37, above 0.98"]
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -304,6 +312,7 @@ def result_facts(result):
         "reasons": result.reasons,
         "notes": result.notes,
         "suggestions": result.suggestions,
+        "cannot_fit": result.cannot_fit,
     }
 
 

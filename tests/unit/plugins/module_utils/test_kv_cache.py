@@ -2,7 +2,10 @@
 """KV arithmetic, version-aware budget, vLLM constraint messages and suggestions."""
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
+import statistics
 import time
 
 import pytest
@@ -278,4 +281,192 @@ def test_log_parser_reads_gpu_lines_and_ignores_others():
             "INFO [kv_cache_utils.py:637] Maximum concurrency for 8,192 tokens per request: 24.27x\n"
             "INFO Engine 000: Running: 0 reqs, GPU KV cache usage: 0.0%\n")
     assert kc.logged_kv_cache_tokens(text)["tokens"] == 198784
+    # 0.26 prints the concurrency on the next line
+    assert kc.logged_kv_cache_tokens(text)["max_concurrency"] == 24.27
+    assert kc.logged_kv_cache_tokens(text)["max_model_len"] == 8192
     assert kc.logged_kv_cache_tokens("nothing here") is None
+
+
+# --- vLLM 0.26.0 on a real H200 (benchmarks/data/kv-h200-vllm0.26-2026-12-01, committed logs; never edited) ----
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+H200 = os.path.join(ROOT, "benchmarks", "data", "kv-h200-vllm0.26-2026-12-01")
+
+
+def _kv_accuracy():
+    """benchmarks/kv_accuracy.py, so the tests score exactly what `make bench-kv` and the docs report."""
+    spec = importlib.util.spec_from_file_location("kv_accuracy", os.path.join(ROOT, "benchmarks", "kv_accuracy.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _kv_accuracy()
+H200_RUNS = BENCH.load_h200_runs()
+
+
+def test_h200_runs_are_the_twelve_committed_ones_and_four_are_held_out():
+    assert len(H200_RUNS) == 12
+    assert sorted(r["id"] for r in H200_RUNS if r["held_out"]) == sorted(BENCH.H200_HELD_OUT)
+    assert len(BENCH.H200_HELD_OUT) == 4
+
+
+@pytest.mark.parametrize("run", H200_RUNS, ids=[r["id"] for r in H200_RUNS])
+def test_h200_tokens_and_concurrency_exact_given_the_logged_memory(run):
+    # read vLLM's own "GPU KV cache size" line from the log, not runs.yaml's copy of it
+    with open(os.path.join(H200, run["log"]), "r", encoding="utf-8", errors="replace") as handle:
+        logged = kc.logged_kv_cache_tokens(handle.read())
+    assert logged["device"] == "gpu" and logged["max_model_len"] == run["max_model_len"]
+    available = run["logged"]["available_kv_gib"]
+    low, high = (kc.plan(BENCH.h200_request(run, available_kv_cache_bytes=int((available + delta) * GIB),
+                                            gpu_memory_bytes=None)).kv_cache_tokens for delta in (-0.005, 0.005))
+    assert low <= logged["tokens"] <= high
+    blocks = logged["tokens"] // 16
+    assert round(blocks / -(-run["max_model_len"] // 16), 2) == pytest.approx(logged["max_concurrency"], abs=0.006)
+
+
+# What docs/kv_headroom.md reports (in % of util x total); the test fails if the error grows beyond it.
+H200_REPORTED = {  # (weights as logged?, group): (median, worst)
+    (True, "fit"): (0.35, 1.00), (True, "held_out"): (0.40, 0.76),
+    (False, "fit"): (0.32, 0.98), (False, "held_out"): (0.34, 0.74),
+}
+
+
+@pytest.mark.parametrize("weights_from_log", [True, False], ids=["logged-weights", "config-weights"])
+def test_h200_available_kv_error_within_what_is_reported(weights_from_log):
+    scored = BENCH.h200_table(weights_from_log, verbose=False)
+    for group in ("fit", "held_out"):
+        errors = [abs(e) * 100 for e in scored[group]]
+        median, worst = H200_REPORTED[(weights_from_log, group)]
+        assert statistics.median(errors) <= median + 0.005, group
+        assert max(errors) <= worst + 0.005, group
+        # the issue's goal on current vLLM: 1 % median, 2 % worst
+        assert statistics.median(errors) <= 1.0 and max(errors) <= 2.0
+    # conservative: never more KV than vLLM found, beyond the weights' 0.02 GiB of config rounding (0.02 % here)
+    assert max(scored["fit"] + scored["held_out"]) <= 0.0002
+    assert scored["tokens_exact"] == scored["tokens_n"] == 12
+    assert scored["wrong_verdicts"] == []  # every run started
+
+
+def test_h200_errors_were_3_percent_before_the_026_terms():
+    # runs.yaml keeps the prediction of kv_cache.py as committed with the runs (constants of vLLM 0.6/0.7 logs)
+    before = [abs(r["predicted"]["logged_weights"]["available_error_pct_of_budget"]) for r in H200_RUNS]
+    assert statistics.median(before) > 2.5 and max(before) > 10
+    after = [abs(e) * 100 for e in BENCH.h200_table(True, verbose=False)["fit"]]
+    assert max(after) < min(max(before), 1.01)
+
+
+def test_026_terms_by_model_runner():
+    shapes = {r["id"]: BENCH.h200_request(r).shape for r in H200_RUNS}
+    dense, moe = shapes["q8b-u090-32k"], shapes["q30moe-fp8-u090-32k"]
+    v026, v021 = kc.parse_version("0.26.0"), kc.parse_version("0.21.0")
+    # 0.26: dense models profile on model runner V2 (CUDA graphs outside the budget), MoE on V1 (its estimate inside)
+    assert not kc.uses_model_runner_v1(dense, v026) and kc.uses_model_runner_v1(moe, v026)
+    assert kc.cudagraph_in_budget_bytes(dense, v026, enforce_eager=False) == 0
+    assert kc.cudagraph_in_budget_bytes(moe, v026, enforce_eager=False) == int(0.84 * GIB)
+    assert kc.cudagraph_in_budget_bytes(moe, v026, enforce_eager=True) == 0
+    # 0.21-0.25 keep the older estimate for every model, so the public rows do not move
+    assert kc.cudagraph_in_budget_bytes(dense, v021, enforce_eager=False) == kc.CUDAGRAPH_ESTIMATE_BYTES
+    # V2's peak does not grow with max_num_seqs x vocab; V1's does (its dummy sampler)
+    assert kc.activation_peak_bytes_026(dense, 1, 8192, 1024) == kc.activation_peak_bytes_026(dense, 1, 8192, 256)
+    assert (kc.activation_peak_bytes_026(moe, 1, 8192, 1024, runner_v1=True)
+            > kc.activation_peak_bytes_026(moe, 1, 8192, 256, runner_v1=True))
+    assert kc.non_torch_bytes(1, 1, kc.NON_TORCH_026_BYTES_BY_TP) == int(0.24 * GIB)
+    assert kc.non_torch_bytes(2, 1, kc.NON_TORCH_026_BYTES_BY_TP) == kc.non_torch_bytes(2, 1)
+
+
+def test_versions_newer_than_the_measured_one_say_so():
+    newer = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.33.0")
+    measured = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, vllm_version="0.26.0")
+    assert any("0.33.0 was not measured" in n for n in newer.notes)
+    assert not any("not measured" in n for n in measured.notes)
+    assert newer.available_kv_cache_bytes == measured.available_kv_cache_bytes
+
+
+def test_public_rows_are_not_worse_than_before_the_026_terms():
+    # docs/kv_headroom.md, 2026-11-29: median 1.28 %, worst 4.74 % (n=8); 0 wrong verdicts of 10
+    rows = BENCH.load_rows()
+    errors = []
+    for row in rows:
+        if "available" in row["tests"]:
+            checked = BENCH.available_check(row, BENCH.row_shape(row))
+            if checked:
+                errors.append(abs(checked[1]) * 100)
+    assert len(errors) == 8
+    assert statistics.median(errors) <= 1.28 + 0.005 and max(errors) <= 4.74 + 0.005
+    for row in rows:
+        if "verdict" in row["tests"] and row.get("total_memory_gib"):
+            predicted, logged = BENCH.verdict_check(row, BENCH.row_shape(row))
+            assert predicted == logged, row["id"]
+
+
+# --- misfit fixes with numbers -------------------------------------------------------------------------------
+
+def test_largest_max_model_len_is_whole_blocks_per_required_request():
+    assert kc.largest_max_model_len(1000, 16, None, 40960) == 16000
+    assert kc.largest_max_model_len(1000, 16, 4, 40960) == 250 * 16
+    assert kc.largest_max_model_len(1000, 16, 3, 40960) == 333 * 16
+    assert kc.largest_max_model_len(10000, 16, None, 40960) == 40960  # capped by the config
+    assert kc.largest_max_model_len(0, 16, None, 40960) == 0
+
+
+def test_utilization_that_fits_is_the_lowest_hundredth():
+    page, layers, non_kv, total = 16 * 4096, 36, 20 * GIB, 80 * GIB
+    util = kc.utilization_that_fits(2560, page, layers, non_kv, total)
+    assert kc.blocks_for(math.ceil(total * util) - non_kv, page, layers) >= 2560
+    assert kc.blocks_for(math.ceil(total * (util - 0.01)) - non_kv, page, layers) < 2560
+    assert kc.utilization_that_fits(10 ** 6, page, layers, non_kv, total) > 1.0
+
+
+def _h200_misfit(**overrides):
+    """Qwen3-32B as run on the H200 (q32b-u090-40k), changed so it does not fit."""
+    base = next(r for r in H200_RUNS if r["id"] == "q32b-u090-40k")
+    return BENCH.h200_request(base, **overrides)
+
+
+def test_misfit_suggestions_each_fix_it_with_the_calibrated_terms():
+    # Qwen3-32B at 0.5 on the H200 with 40960 tokens x 4 requests: short of KV at TP1
+    request = _h200_misfit(gpu_memory_utilization=0.5, min_concurrency=4)
+    result = kc.plan(request)
+    assert not result.fits
+    fixes = result.suggestions
+    assert set(fixes) >= {"max_model_len", "gpu_memory_utilization", "tensor_parallel_size"}
+    fixed_len = kc.plan(kc.PlanRequest(**dict(request.__dict__, max_model_len=fixes["max_model_len"])))
+    assert fixed_len.fits
+    longer = kc.plan(kc.PlanRequest(**dict(request.__dict__, max_model_len=fixes["max_model_len"] + 16)))
+    assert not longer.fits
+    util = fixes["gpu_memory_utilization"]
+    assert kc.plan(kc.PlanRequest(**dict(request.__dict__, gpu_memory_utilization=util))).fits
+    assert not kc.plan(kc.PlanRequest(**dict(request.__dict__, gpu_memory_utilization=round(util - 0.01, 2)))).fits
+    tp = fixes["tensor_parallel_size"]
+    assert tp == 2
+    assert kc.tensor_parallel_that_fits(request, 0.5, (0, 26, 0), 64, 4 * 40960 // 16) == 2
+    assert kc.plan(kc.PlanRequest(**dict(request.__dict__, tensor_parallel_size=tp, weights_bytes_per_gpu=None))).fits
+    message = kc.summary(result)
+    assert "max_model_len %d or less" % fixes["max_model_len"] in message
+    assert "gpu_memory_utilization %.2f" % util in message
+    assert "tensor_parallel_size 2" in message
+
+
+def test_misfit_message_says_what_cannot_fit_with_its_number():
+    # 64 full-length Qwen3-32B requests on one H200: no utilization at TP1 holds them
+    result = kc.plan(_h200_misfit(min_concurrency=64))
+    assert not result.fits and "gpu_memory_utilization" not in result.suggestions
+    assert any(c.startswith("no gpu_memory_utilization fits at tensor_parallel_size 1: it would take")
+               for c in result.cannot_fit)
+    assert "Not enough alone: no gpu_memory_utilization fits" in kc.summary(result)
+    # instances sharing the GPU: the utilization that would fit is named, and why it is not suggested
+    shared = kc.plan(_h200_misfit(gpu_memory_utilization=0.5, min_concurrency=4, co_located_utilizations=[0.4]))
+    assert "gpu_memory_utilization" not in shared.suggestions
+    assert any("of the instances sharing the GPU it reaches 1.0" in c for c in shared.cannot_fit)
+    # weights alone overflow: no max_model_len at all
+    none = kc.plan(_h200_misfit(gpu_memory_utilization=0.3))
+    assert none.suggestions["max_model_len"] == 0
+    assert any(c.startswith("no max_model_len fits at gpu_memory_utilization 0.30") for c in none.cannot_fit)
+
+
+def test_constraint_misfit_does_not_suggest_a_shorter_context():
+    result = run("Qwen3-8B", gpu_memory_bytes=80 * GIB, tensor_parallel_size=3, max_model_len=32768)
+    assert not result.fits
+    text = kc.fix_text(result)
+    assert "max_model_len" not in text and "tensor_parallel_size" in text

@@ -35,7 +35,7 @@ def test_misfit_fails_with_suggestion_and_facts(capsys):
                    gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0")
     assert rc == 1 and out["failed"]
     assert "is not divisible by weight quantization block_n = 128" in out["msg"]
-    assert "tensor_parallel_size=2" in out["msg"]
+    assert "tensor_parallel_size 2" in out["msg"]
     assert out["fits"] is False and out["num_gpu_blocks"] > 0
 
 
@@ -82,3 +82,18 @@ def test_config_missing_heads(capsys, tmp_path):
                                                       "max_position_embeddings": 128}))
     rc, out = call(capsys, model_config_path=str(tmp_path), gpu_memory_bytes=GIB)
     assert rc == 1 and "num_attention_heads" in out["msg"]
+
+
+def test_misfit_message_gives_the_fixes_with_numbers(capsys):
+    # Qwen3-8B at 40960 tokens x 8 requests on a 24 GiB GPU (vLLM 0.26 terms): short of KV at TP1
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=24 * GIB,
+                   max_model_len=40960, min_concurrency=8, vllm_version="0.26.0")
+    assert rc == 1 and out["fits"] is False
+    longest = out["suggestions"]["max_model_len"]
+    assert 0 < longest < 40960
+    assert "max_model_len %d or less" % longest in out["msg"]
+    assert "tensor_parallel_size %d" % out["suggestions"]["tensor_parallel_size"] in out["msg"]
+    # no utilization at TP1 holds 8 requests: said with the number it would take
+    assert "gpu_memory_utilization" not in out["suggestions"]
+    assert out["cannot_fit"] and out["cannot_fit"][0].startswith("no gpu_memory_utilization fits")
+    assert "Not enough alone: no gpu_memory_utilization fits at tensor_parallel_size 1: it would take" in out["msg"]
