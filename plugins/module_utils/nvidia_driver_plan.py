@@ -396,3 +396,16 @@ def reboot_decision(installed_version, loaded_version, nouveau_loaded, reboot_al
         if not reboot_allowed:
             blocked.append("nvidia_driver_reboot is false")
     return {"needed": needed, "reboot": needed and not blocked, "reasons": reasons, "blocked_by": blocked}
+
+
+def plan_check_errors(nouveau_loaded, action, reboot):
+    """Refusals for the plan check (before any change) that the role itself only reports: an install onto a host
+    where nouveau holds the GPUs needs a reboot before the NVIDIA driver can load; if this run may not reboot, the
+    GPU preflight after provisioning would fail on every such host, so the plan check stops first."""
+    if not nouveau_loaded or action != "install" or not reboot.get("needed") or reboot.get("reboot"):
+        return []
+    return ["nouveau is loaded and holds the GPUs, so the NVIDIA driver installed by this run cannot load before a "
+            "reboot, and this run may not reboot (%s). Either allow it (nvidia_driver_reboot: true, over SSH), or "
+            "blacklist nouveau and reboot the host yourself first (echo 'blacklist nouveau' > "
+            "/etc/modprobe.d/blacklist-nouveau.conf; update-initramfs -u; reboot), then re-run"
+            % "; ".join(reboot.get("blocked_by") or ["reboot not allowed"])]

@@ -223,6 +223,13 @@ errors:
   returned: always
   type: list
   elements: str
+plan_errors:
+  description:
+    - Refusals the plan check (roles/plan_check) adds before any host changes, which the driver role itself only
+      reports; today nouveau loaded on a host that needs an install and may not reboot.
+  returned: always
+  type: list
+  elements: str
 """
 
 import glob
@@ -451,6 +458,7 @@ def main():
         mok_enrolled=enrolled, source=source, kernel_module_type=module_type, packages=packages,
         fabricmanager=fabricmanager, driver_action=action, action_reason=action_reason, reasons=reasons,
         candidates=candidates, branch_available=available, reboot=reboot, errors=errors,
+        plan_errors=plan.plan_check_errors(nouveau, action, reboot),
     )
 
 

@@ -11,6 +11,16 @@ roles' choices show: a newer branch (590) the pin must refuse, a newer Fabric Ma
 drift), a newer toolkit than the pinned one. nvidia-persistenced and nvidia-fabricmanager carry a systemd unit that
 only sleeps; nvidia-container-toolkit-base carries an `nvidia-ctk` script that writes a labelled CDI spec.
 The repositories are signed with a throw-away GPG key made here (Release, Release.gpg, InRelease).
+
+With a third argument, CAPTURE (a folder holding fake_nvidia_smi.py and a recorded case from tests/unit/fixtures/gpu,
+copied onto the host by the scenario), the packages also carry what the real GPU code path needs
+(molecule/gpu_workstation):
+  nvidia-driver            /usr/bin/nvidia-smi replaying the recorded case (the XML, topo -m, topo -p2p r) and
+                           nvidia-smi -L listing its GPUs
+  nvidia-container-toolkit /usr/bin/nvidia-container-runtime-hook, so the Docker daemon registers its "nvidia"
+                           device driver and accepts --gpus / device_requests (the hook's prestart does nothing), and
+                           /usr/bin/nvidia-container-runtime (runc under another name)
+Each says TEST DOUBLE where it prints (stderr: stdout is what the roles parse).
 """
 from __future__ import annotations
 
@@ -22,6 +32,37 @@ import tempfile
 
 ROOT = sys.argv[1] if len(sys.argv) > 1 else "/srv/test-double-repos"
 BASE_URL = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:8080"
+CAPTURE = sys.argv[3] if len(sys.argv) > 3 else ""
+REPLAY_DIR = "/usr/lib/test-double-nvidia"
+
+NVIDIA_SMI = """#!/bin/sh
+# TEST DOUBLE of nvidia-smi (onprem.vllm molecule gpu_workstation): replays a recorded capture, drives no GPU.
+echo "nvidia-smi: TEST DOUBLE replaying the recorded capture {case}" >&2
+if [ "$1" = -L ]; then
+  python3 - <<'PY'
+import re
+xml = open("{replay}/capture/nvidia-smi-q.xml").read()
+for n, (name, uuid) in enumerate(zip(re.findall("<product_name>([^<]*)", xml), re.findall("<uuid>([^<]*)", xml))):
+    print("GPU %d: %s (UUID: %s)" % (n, name, uuid))
+PY
+  exit 0
+fi
+FAKE_NVIDIA_SMI_CASE={replay}/capture exec python3 {replay}/fake_nvidia_smi.py "$@"
+"""
+
+RUNTIME_HOOK = """#!/bin/sh
+# TEST DOUBLE of nvidia-container-runtime-hook (onprem.vllm molecule gpu_workstation). The Docker daemon registers
+# its "nvidia" device driver (--gpus, device_requests) when this binary is on its PATH and runs it as an OCI prestart
+# hook; this one reads the container state and exposes nothing: the lab's vLLM is the CPU build.
+cat >/dev/null
+echo "$(date +%s) TEST DOUBLE nvidia-container-runtime-hook $*" >> /var/log/test-double-nvidia-hook.log
+exit 0
+"""
+
+RUNTIME = """#!/bin/sh
+# TEST DOUBLE of nvidia-container-runtime (onprem.vllm molecule gpu_workstation): runc under NVIDIA's name.
+exec runc "$@"
+"""
 
 SLEEP_UNIT = """[Unit]
 Description=TEST DOUBLE of {name} (onprem.vllm molecule gpu_stack; sleeps, drives nothing)
@@ -124,9 +165,18 @@ def main():
             "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] %s/cuda/debian12/x86_64/ /\n" % BASE_URL,
             0o644),
     })
+    replay = {}
+    if CAPTURE:
+        replay["%s/fake_nvidia_smi.py" % REPLAY_DIR] = (open(os.path.join(CAPTURE, "fake_nvidia_smi.py")).read(), 0o644)
+        case = os.path.join(CAPTURE, "case")
+        for name in sorted(os.listdir(case)):
+            replay["%s/capture/%s" % (REPLAY_DIR, name)] = (open(os.path.join(case, name)).read(), 0o644)
+        case_name = open(os.path.join(CAPTURE, "case-name")).read().strip() if os.path.exists(
+            os.path.join(CAPTURE, "case-name")) else "case"
+        replay["/usr/bin/nvidia-smi"] = (NVIDIA_SMI.replace("{case}", case_name).replace("{replay}", REPLAY_DIR), 0o755)
     for version in ("580.95.05-1", "580.105.08-1", "590.44.01-1"):
         for name in ("nvidia-driver", "nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-kernel-support"):
-            build_deb(cuda, name, version)
+            build_deb(cuda, name, version, files=replay if name == "nvidia-driver" else None)
         build_deb(cuda, "nvidia-persistenced", version, files={
             "/lib/systemd/system/nvidia-persistenced.service": (SLEEP_UNIT.format(name="nvidia-persistenced"), 0o644)})
     # Fabric Manager exists in a NEWER build than the newest 580 driver: installing "the newest" would drift.
@@ -140,7 +190,10 @@ def main():
         build_deb(ctk, "libnvidia-container-tools", version)
         build_deb(ctk, "nvidia-container-toolkit-base", version, files={
             "/usr/bin/nvidia-ctk": (NVIDIA_CTK.replace("{version}", version.split("-", maxsplit=1)[0]), 0o755)})
-        build_deb(ctk, "nvidia-container-toolkit", version)
+        build_deb(ctk, "nvidia-container-toolkit", version, files={
+            "/usr/bin/nvidia-container-runtime-hook": (RUNTIME_HOOK, 0o755),
+            "/usr/bin/nvidia-container-runtime": (RUNTIME, 0o755),
+        } if CAPTURE else None)
     write_index(ctk, "libnvidia-container", gnupghome)
     with open(os.path.join(ROOT, "libnvidia-container", "gpgkey"), "w") as handle:
         handle.write(armored)
