@@ -13,7 +13,7 @@ site: lab
 	ansible-playbook site.yml -i inventories/lab
 
 ## test: the whole test suite (lint, sanity, unit, molecule on lab workstations; tools/test.sh, stage by stage)
-test: prereqs-test venv
+test: prereqs-test
 	tools/test.sh
 
 # Docker Engine (started), mmdebstrap, and for the tests git and Chromium: installed as root, else the exact commands.
@@ -30,13 +30,14 @@ $(VENV)/.installed: requirements.txt
 
 # Everything the lab hosts are given: base image, serving image and its tarballs, tiny checkpoint, gateway image, and
 # the image store new hosts are seeded from (lab/image_store.py). Cached by content: a second run takes seconds.
-lab-artifacts: venv
+# The lab's scripts need only Python's standard library: this runs beside the venv's creation (tools/test.sh).
+lab-artifacts:
 	python3 lab/labctl.py image
 	python3 lab/build_artifacts.py
 	python3 lab/build_gateway_image.py
 	python3 lab/image_store.py store
 
-lab: prereqs lab-artifacts
+lab: prereqs venv lab-artifacts
 	python3 lab/labctl.py up --workstations $(LAB_WORKSTATIONS) --seed
 
 artifacts:
@@ -54,13 +55,14 @@ sanity: venv
 unit: venv
 	pytest tests/unit -q -n auto
 
-# The scenarios of the test command (tools/test.sh runs them as timed stages); `make molecule` runs them without the
-# other stages, `make test-fleet` the fleet scenario (3 workstations + a gateway under a prober) alone.
-export MOLECULE_SCENARIOS := default gpu_stack vllm_server monitoring fleet
-molecule: lab-artifacts
-	for scenario in $(MOLECULE_SCENARIOS); do tools/timed.sh molecule-$$scenario molecule test -s $$scenario || exit 1; done
+# The scenarios of the test command, in order; scenarios joined by '+' run at once in `make test` (tools/test.sh runs
+# each as a timed stage). `make molecule` runs them one by one without the other stages, `make test-fleet` the
+# fleet scenario (3 workstations + a gateway under a prober, monitored) alone.
+export MOLECULE_SCENARIOS := default+gpu_stack+gpu_workstation vllm_server fleet
+molecule: venv lab-artifacts
+	for scenario in $(subst +, ,$(MOLECULE_SCENARIOS)); do tools/timed.sh molecule-$$scenario molecule test -s $$scenario || exit 1; done
 
-test-fleet: lab-artifacts
+test-fleet: venv lab-artifacts
 	molecule test -s fleet
 
 # vllm-wizard 0.2.0 (the comparison) lives in its own venv; --lab adds the live lab server when it runs.
