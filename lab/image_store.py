@@ -1,8 +1,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """One image store for every lab host: the serving image is loaded once, not once per host.
 
-Every lab host runs its own Docker engine on its own /var/lib/docker volume, and `docker load` of the 4 GB serving
-archive took 55-80 s per host (it unpacks the whole archive, then applies each layer). Instead:
+Every lab host runs its own Docker engine on its own /var/lib/docker volume, and `docker load` of the serving archive
+took 55-80 s per host when it was 4.15 GB (it unpacks the whole archive, then applies each layer). Instead:
 
   store   a "store builder" host (the lab base image, Debian's docker.io) loads the archive once into a Docker volume,
           the template, cached by the IDs of the base image and of the serving image;
@@ -38,8 +38,6 @@ RECIPE_VERSION = 1
 MANIFEST = labctl.SHARE_DIR / "manifest.json"
 SERVING_TAG = "vllm/vllm-openai:v0.32.0"
 DATA_ROOT = "/var/lib/docker"
-# The two folders of a data root that hold images; everything else belongs to one engine.
-IMAGE_FOLDERS = ("image", "overlay2")
 
 
 def store_key(base_id: str, image_id: str) -> str:

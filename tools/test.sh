@@ -11,7 +11,7 @@ export PATH=$PWD/.venv/bin:$PATH
 scenarios=(${MOLECULE_SCENARIOS:?the Makefile names the scenarios: run make test})
 declare -A budget=([venv]=600 [lint]=300 [sanity]=420 [unit]=600 [lab-artifacts]=1200
                    [molecule-default]=420 [molecule-gpu_stack]=720 [molecule-gpu_workstation]=900
-                   [molecule-vllm_server]=1200 [molecule-monitoring]=720 [molecule-fleet]=1500)
+                   [molecule-vllm_server]=1200 [molecule-fleet]=1500)
 t0=$(date +%s)
 summary=()
 run() {  # run STAGE COMMAND...: one timed stage, its time kept for the summary
@@ -30,23 +30,33 @@ finish() {
   exit "$1"
 }
 
+# A stage in the background: its output goes to .cache/STAGE.log, printed when it is collected.
+start_background() {  # start_background STAGE COMMAND...; sets $background_pid
+  local stage=$1; shift
+  (run "$stage" "$@"; rc=$?; echo "${summary[-1]}" > ".cache/$stage.summary"; exit $rc) > ".cache/$stage.log" 2>&1 &
+  background_pid=$!
+}
+collect() {  # collect STAGE PID: wait for it, print its log, keep its summary line; returns its exit status
+  local stage=$1 rc
+  wait "$2"; rc=$?
+  echo "=== $stage (ran in the background) log:"; cat ".cache/$stage.log"
+  summary+=("$(cat ".cache/$stage.summary" 2>/dev/null || echo "$stage: no summary")")
+  return $rc
+}
+
 mkdir -p .cache
-artifacts_log=.cache/lab-artifacts.log
-(run lab-artifacts make --no-print-directory lab-artifacts; echo "${summary[-1]}" \
-  > .cache/lab-artifacts.summary) > "$artifacts_log" 2>&1 &
-artifacts=$!
+start_background lab-artifacts make --no-print-directory lab-artifacts
+artifacts=$background_pid
 trap 'kill $artifacts 2>/dev/null' EXIT
-echo "=== lab artifacts build in the background (log: $artifacts_log)"
+echo "=== lab artifacts build in the background (log: .cache/lab-artifacts.log)"
 
 status=0
 for stage in venv lint sanity unit; do
   run "$stage" make --no-print-directory "$stage" || { status=1; break; }
 done
-wait $artifacts; artifacts_rc=$?
+collect lab-artifacts $artifacts || status=1
 trap - EXIT
-echo "=== lab artifacts (background) log:"; cat "$artifacts_log"
-summary+=("$(cat .cache/lab-artifacts.summary 2>/dev/null || echo 'lab-artifacts: no summary')")
-((status == 0 && artifacts_rc == 0)) || finish 1
+((status == 0)) || finish 1
 
 # A group of scenarios joined by '+' runs at once: they wait mostly on package downloads and dpkg, not the CPU, and
 # none measures speed (the scenarios whose gates benchmark a server run alone).
@@ -58,16 +68,13 @@ for group in "${scenarios[@]}"; do
   fi
   pids=()
   for scenario in "${members[@]}"; do
-    (run "molecule-$scenario" molecule test -s "$scenario"; rc=$?; echo "${summary[-1]}" > ".cache/molecule-$scenario.summary"
-     exit $rc) > ".cache/molecule-$scenario.log" 2>&1 &
-    pids+=($!)
+    start_background "molecule-$scenario" molecule test -s "$scenario"
+    pids+=("$background_pid")
   done
   echo "=== molecule scenarios ${members[*]} run at once (logs: .cache/molecule-<scenario>.log)"
   group_rc=0
   for i in "${!members[@]}"; do
-    wait "${pids[$i]}" || group_rc=1
-    echo "=== molecule-${members[$i]} log:"; cat ".cache/molecule-${members[$i]}.log"
-    summary+=("$(cat ".cache/molecule-${members[$i]}.summary" 2>/dev/null || echo "molecule-${members[$i]}: no summary")")
+    collect "molecule-${members[$i]}" "${pids[$i]}" || group_rc=1
   done
   ((group_rc == 0)) || finish 1
 done
