@@ -43,6 +43,10 @@ q06b-u090-32k-eager|Qwen3-0.6B|0.9|32768|--enforce-eager|55
 q8b-u090-32k-mnbt16k|Qwen3-8B|0.9|32768|--max-num-batched-tokens 16384|105
 q8b-u090-32k-seqs256|Qwen3-8B|0.9|32768|--max-num-seqs 256|105
 q32b-u095-40k-eager|Qwen3-32B|0.95|40960|--enforce-eager|65
+q8b-kvb100g-32k-eager|Qwen3-8B|0.9|32768|--enforce-eager --kv-cache-memory-bytes 107374182400|60
+q8b-u030-kvb60g-32k-eager|Qwen3-8B|0.3|32768|--enforce-eager --kv-cache-memory-bytes 64424509440|60
+q8b-kvb130g-32k-eager|Qwen3-8B|0.9|32768|--enforce-eager --kv-cache-memory-bytes 139586437120|60
+q30moe-fp8-kvb80g-32k-eager|Qwen3-30B-A3B-FP8|0.9|32768|--enforce-eager --kv-cache-memory-bytes 85899345920|90
 '
 
 row() { printf '%s\n' "$RUNS" | awk -F'|' -v id="$1" '$1 == id'; }
