@@ -40,7 +40,7 @@ class BearerKeyMiddleware:
     def authorized(self, headers) -> bool:
         for name, value in headers or ():
             if name.lower() == b"authorization":
-                scheme, _, token = value.partition(b" ")
+                scheme, _separator, token = value.partition(b" ")
                 return scheme.lower() == b"bearer" and hmac.compare_digest(hashlib.sha256(token).digest(),
                                                                            self._digest)
         return False
