@@ -4,8 +4,9 @@
   python3 lab/build_gateway_image.py          build what changed (a second run is a no-op in about a second)
   python3 lab/build_gateway_image.py --force  rebuild
 
-Makes haproxy:<HAPROXY_VERSION> (the name of the official image of that release; labels onprem.vllm.lab=1 and
-onprem.vllm.lab.recipe=<hash>) FROM the lab base image, and share/images/haproxy_<version>.tar (`docker save`), which
+Makes haproxy:<the gateway role's gateway_image_tag> (a look-alike of the pinned official image: HAProxy from Debian
+12's package, the newest Debian offers that base, running as user haproxy uid/gid 99 as upstream's image does; labels
+onprem.vllm.lab=1 and onprem.vllm.lab.recipe=<hash>) FROM the lab base image, and share/images/haproxy_<version>.tar (`docker save`), which
 the gateway role loads on the gateway host like an air-gapped site would. Cached by the hash of the Dockerfile, the
 base image ID and the pinned package version. Debian's mirror is plain HTTP: no CA bundle is needed for this build.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,12 +24,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import labctl  # noqa: E402
 
-HAPROXY_VERSION = "2.6.12"
-HAPROXY_DEB_VERSION = f"{HAPROXY_VERSION}-1+deb12u4"
-IMAGE_TAG = f"haproxy:{HAPROXY_VERSION}"
+# Debian 12 ships the 2.6 LTS line (bookworm-security patches it; no backport of a newer branch, and trixie's 3.0
+# needs a newer libc): the lab runs it under the role's pinned tag, so the role's files, user and config are what
+# the lab tests. The configuration the role writes is valid for 2.6 and 3.4 alike.
+HAPROXY_DEB_VERSION = "2.6.12-1+deb12u4"
+ROLE_DEFAULTS = labctl.LAB_DIR.parent / "roles" / "gateway" / "defaults" / "main.yml"
+
+
+def role_image_tag() -> str:
+    match = re.search(r'^gateway_image_tag:\s*"?([^"\s]+)"?\s*$', ROLE_DEFAULTS.read_text(), re.MULTILINE)
+    if not match:
+        raise SystemExit(f"build_gateway_image: no gateway_image_tag in {ROLE_DEFAULTS}")
+    return match.group(1)
+
+
+IMAGE_VERSION = role_image_tag()
+IMAGE_TAG = f"haproxy:{IMAGE_VERSION}"
 CONTEXT = labctl.LAB_DIR / "gateway-image"
-TAR = labctl.SHARE_DIR / "images" / f"haproxy_{HAPROXY_VERSION}.tar"
-RECIPE_VERSION = 1
+TAR = labctl.SHARE_DIR / "images" / f"haproxy_{IMAGE_VERSION}.tar"
+RECIPE_VERSION = 2
 
 
 def inspect(ref: str) -> dict | None:
@@ -41,7 +56,7 @@ def labels(info: dict | None) -> dict:
 
 def recipe_of(base_id: str) -> str:
     data = {"dockerfile": hashlib.sha256((CONTEXT / "Dockerfile").read_bytes()).hexdigest(), "base": base_id,
-            "deb": HAPROXY_DEB_VERSION, "recipe_version": RECIPE_VERSION}
+            "deb": HAPROXY_DEB_VERSION, "tag": IMAGE_TAG, "recipe_version": RECIPE_VERSION}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.onprem.vllm.plugins.module_utils.vllm_secret_args import key_flags
+
 # Request logging: 0.10 turned it off by default (`--enable-log-requests` turns it on); `--disable-log-requests`
 # was deprecated then and removed by 0.20 ("unrecognized arguments"). Before 0.10 we must pass it to keep
 # prompts out of the logs.
@@ -86,7 +88,7 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
     if "--disable-log-requests" in extra and parsed >= (0, 20, 0):
         raise VllmArgsError("extra_args has --disable-log-requests, which vLLM removed in 0.20 (request logging is "
                             "off by default; drop the flag)")
-    if any(str(arg).startswith("--api-key") for arg in extra):
-        raise VllmArgsError("extra_args must not carry --api-key: process arguments are visible to every user of the "
-                            "host; set vllm_server_api_key (from Vault) instead")
+    if key_flags(extra):
+        raise VllmArgsError(f"extra_args must not carry the API key flag ({', '.join(key_flags(extra))}): process "
+                            "arguments are visible to every user of the host; set vllm_server_api_key (from Vault)")
     return args + [str(arg) for arg in extra]

@@ -13,9 +13,8 @@ def container(host):
 
 @pytest.fixture(scope="module")
 def api_key(host):
-    line = host.file("/etc/onprem-vllm/vllm.env").content_string.strip()
-    key = line.split("=", 1)[1]
-    assert line.startswith("VLLM_API_KEY=") and len(key) >= 16
+    key = host.file("/etc/onprem-vllm/vllm.api-key").content_string.strip()
+    assert len(key) >= 16
     return key
 
 
@@ -48,13 +47,15 @@ def test_host_ipc_offline_hub_and_cpu_kv_space(container):
 
 def test_secret_files_are_private(host):
     assert host.file("/etc/onprem-vllm").mode == 0o700
-    assert host.file("/etc/onprem-vllm/vllm.env").mode == 0o600
+    assert host.file("/etc/onprem-vllm/vllm.api-key").mode == 0o600
+    assert not host.file("/etc/onprem-vllm/vllm.env").exists  # earlier releases' env file held the key
     assert host.file("/etc/onprem-vllm/vllm.deployment.json").mode == 0o600
 
 
 def test_api_key_is_not_a_process_argument(host, container, api_key):
     assert api_key not in host.check_output("ps -eo args")
     assert api_key not in " ".join(container["Args"] + container["Config"]["Cmd"])
+    assert api_key not in " ".join(container["Config"]["Env"])
 
 
 def test_api_key_is_not_in_the_server_log(host, api_key):

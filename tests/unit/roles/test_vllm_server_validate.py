@@ -83,9 +83,16 @@ def test_tensor_parallel_larger_than_the_gpus_assigned(tmp_path):
     assert "tensor_parallel_size x pipeline_parallel_size = 2 GPUs, but 1 are assigned" in message
 
 
-def test_api_key_on_the_command_line_is_refused(tmp_path):
-    message = run_checks(tmp_path, vllm_server_extra_args=["--api-key", "x"])
-    assert "extra_args must not carry --api-key" in message
+@pytest.mark.parametrize("extra, flag", [(["--api-key", "sec-value"], "--api-key"), (["--api_key", "sec-value"], "--api_key"),
+                                         (["--api_key=sec-value"], "--api_key")])
+def test_api_key_on_the_command_line_is_refused(tmp_path, extra, flag):
+    message = run_checks(tmp_path, vllm_server_extra_args=extra)
+    assert f"vllm_server_extra_args carries the API key flag ({flag})" in message and "sec-value" not in message
+
+
+def test_api_key_in_the_environment_is_refused(tmp_path):
+    message = run_checks(tmp_path, vllm_server_env={"VLLM_API_KEY": "sec-value"})
+    assert "vllm_server_env sets VLLM_API_KEY" in message and "sec-value" not in message
 
 
 def test_port_in_use_is_refused(tmp_path):

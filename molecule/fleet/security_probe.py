@@ -1,0 +1,41 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""HTTP probes for security_checks.yml, run on a lab host. Reads the requests (with their keys) as JSON on stdin,
+so no key is a process argument; prints one JSON line per request: name, status (0 = no HTTP answer), whether the
+answer named a backend, whether it held a completion. Never prints a request's key."""
+import json
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def one(spec):
+    headers = {"Content-Type": "application/json"}
+    if spec.get("key") is not None:
+        headers["Authorization"] = "Bearer " + spec["key"]
+    body = json.dumps(spec["body"]).encode() if spec.get("body") is not None else None
+    context = ssl.create_default_context(cafile=spec["cafile"]) if spec.get("cafile") else None
+    request = urllib.request.Request(spec["url"], data=body, headers=headers, method=spec.get("method", "POST"))
+    deadline = time.monotonic() + spec.get("wait_s", 0)
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=spec.get("timeout", 60), context=context) as resp:
+                status, names, text = resp.status, dict(resp.headers), resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            status, names, text = exc.code, dict(exc.headers or {}), exc.read().decode(errors="replace")
+        except (OSError, ssl.SSLError) as exc:
+            if time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            return {"name": spec["name"], "status": 0, "error": type(exc).__name__}
+        try:
+            completion = bool(json.loads(text).get("choices"))
+        except (ValueError, AttributeError):
+            completion = False
+        return {"name": spec["name"], "status": status, "completion": completion,
+                "backend_header": any(h.lower() == "x-onprem-backend" for h in names)}
+
+
+for spec in json.load(sys.stdin):
+    print(json.dumps(one(spec)), flush=True)

@@ -1,0 +1,70 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Bearer-key guard for every vLLM route (`vllm serve --middleware onprem_vllm_auth.BearerKeyMiddleware`).
+
+vLLM's own --api-key guards only paths under /v1, /v2, /inference and /cohere: /invocations, /tokenize, /pooling,
+/classify, /score, /rerank, ... answer anyone. This pure-ASGI middleware (standard library only, so it loads in any
+vLLM image) refuses every request without `Authorization: Bearer <key>` except the read-only probes in OPEN_PATHS
+and CORS preflights. The key comes from a file (the role mounts a 0600 file read-only), never from argv or the
+environment; a missing or empty file stops the server at startup instead of serving unguarded.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+
+KEY_FILE_ENV = "ONPREM_VLLM_API_KEY_FILE"
+DEFAULT_KEY_FILE = "/run/secrets/onprem-vllm-api-key"
+# Liveness, readiness and Prometheus: no inference, no tokenizer, no prompt. Exact paths, GET/HEAD only.
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/metrics/"})
+OPEN_METHODS = frozenset({"GET", "HEAD"})
+_UNAUTHORIZED = json.dumps({"error": {"message": "missing or wrong API key", "type": "invalid_request_error",
+                                      "code": 401}}).encode()
+
+
+def read_key(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        key = handle.read().strip()
+    if not key:
+        raise RuntimeError(f"the API key file {path} is empty: refusing to serve without a key")
+    return key
+
+
+class BearerKeyMiddleware:
+    def __init__(self, app, key_file: str | None = None) -> None:
+        self.app = app
+        # Compare digests of equal length in constant time (as vLLM's own middleware does).
+        self._digest = hashlib.sha256(read_key(key_file or os.environ.get(KEY_FILE_ENV, DEFAULT_KEY_FILE))).digest()
+
+    def authorized(self, headers) -> bool:
+        for name, value in headers or ():
+            if name.lower() == b"authorization":
+                scheme, _separator, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(hashlib.sha256(token).digest(),
+                                                                           self._digest)
+        return False
+
+    @staticmethod
+    def is_open(scope) -> bool:
+        method = scope.get("method", "")
+        if method == "OPTIONS":
+            return True  # CORS preflight: no route does any work for it
+        path = scope.get("path", "")
+        root_path = scope.get("root_path", "")
+        if root_path and path.startswith(root_path):
+            path = path[len(root_path):]
+        return method in OPEN_METHODS and path in OPEN_PATHS
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)  # lifespan
+        if (scope["type"] == "http" and self.is_open(scope)) or self.authorized(scope.get("headers")):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(_UNAUTHORIZED)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        return await send({"type": "http.response.body", "body": _UNAUTHORIZED})
