@@ -644,8 +644,8 @@ def fleet(args):
     if not records:
         print("fleet: no host in group %s of %s" % (args.fleet_group, args.inventory))
         return 1
-    print("%-22s %12s %12s %10s %10s %8s  %s" % ("host", "pred tokens", "act tokens", "pred conc", "act conc",
-                                                "diff %", "verdict"))
+    header = ("host", "pred tokens", "act tokens", "pred conc", "act conc", "diff %", "verdict")
+    print("%-22s %12s %12s %10s %10s %8s  %s" % header)
     rows = kv_actual.fleet_rows(records)
     for host, want, got, want_conc, got_conc, diff, verdict in rows:
         cells = ["-" if value is None else value for value in (want, got, want_conc, got_conc, diff)]
