@@ -507,8 +507,9 @@ def test_auto_pins_the_prediction_less_the_margin_in_whole_blocks():
 
 
 def test_auto_is_the_same_pool_on_every_host_of_one_gpu_model():
-    pools = {run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, max_model_len=32768, vllm_version="0.32.0",
-                 kv_cache_memory="auto").kv_cache_memory_bytes for _ in range(3)}
+    # three hosts of one GPU model: the same CUDA total, each planned on its own
+    pools = {run("Qwen3-8B", gpu_memory_bytes=memory, max_model_len=32768, vllm_version="0.32.0",
+                 kv_cache_memory="auto").kv_cache_memory_bytes for memory in [H200_BYTES] * 3}
     assert len(pools) == 1
 
 
