@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 LAB_WORKSTATIONS ?= 2
 
-.PHONY: site test test-fleet prereqs prereqs-test venv lab lab-artifacts lab-down lint sanity unit molecule artifacts bench-kv bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
+.PHONY: site test test-fleet prereqs prereqs-test venv lab lab-artifacts lab-down lint sanity unit molecule artifacts bench-kv bench-kv-fleet bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
 
 ## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
 site: lab
@@ -70,6 +70,10 @@ bench-kv: venv
 	test -x .cache/wiz/bin/python || ("$$(tools/find-python.sh)" -m venv .cache/wiz && .cache/wiz/bin/pip install -q vllm-wizard==0.2.0)
 	python benchmarks/kv_accuracy.py --wizard-python .cache/wiz/bin/python
 	python benchmarks/kv_accuracy.py --lab
+
+# Every lab server's deployment record: the plan's KV tokens against what vLLM allocated (after `make site`).
+bench-kv-fleet: venv
+	python benchmarks/kv_accuracy.py --fleet -i inventories/lab
 
 bench-gpu: venv
 	python benchmarks/gpu_modules_speed.py

@@ -7,6 +7,8 @@
     .venv/bin/python benchmarks/kv_accuracy.py --fit               # refit the overhead constants, held-out check
     .venv/bin/python benchmarks/kv_accuracy.py --lab               # lab CPU server: committed log + live docker logs
     .venv/bin/python benchmarks/kv_accuracy.py --lab-log vllm.log --lab-config lab/model --cpu-kvcache-space-gib 1
+    .venv/bin/python benchmarks/kv_accuracy.py --fleet -i inventories/lab   # every server's deployment record:
+                                                   # the plan's KV tokens against what vLLM allocated (make bench-kv-fleet)
 
 Rows come from benchmarks/data/kv_startup_logs.yaml (each cites its source). Three comparisons:
   tokens     predicted KV tokens (blocks x block_size) from the logged available KV memory. The log rounds the
@@ -22,6 +24,7 @@ vllm-wizard 0.2.0 (PyPI) is driven through its Python API in its own venv, on th
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import statistics
@@ -35,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, ".collections"))
 
 import yaml  # noqa: E402  (controller-side tool; PyYAML ships with ansible-core)
 
+from ansible_collections.onprem.vllm.plugins.module_utils import kv_actual  # noqa: E402
 from ansible_collections.onprem.vllm.plugins.module_utils import kv_cache as kc  # noqa: E402
 from ansible_collections.onprem.vllm.plugins.module_utils.model_config import (  # noqa: E402
     load_model_shape,
@@ -610,6 +614,48 @@ def lab(args):
     return 0 if all(r is not False for r in results) and any(results) else 1
 
 
+FLEET_RECORD = "/etc/onprem-vllm/vllm.deployment.json"
+
+
+def fleet_records(inventory, group, record):
+    """{host: deployment record or None} for every host of the group, read with `ansible -m slurp` (JSON output)."""
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
+    cmd = [ansible if os.path.exists(ansible) else "ansible", group, "-i", inventory, "-b",
+           "-m", "ansible.builtin.slurp", "-a", "src=" + record]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=600)
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        raise SystemExit("fleet: %s gave no JSON (rc %d): %s" % (" ".join(cmd), proc.returncode,
+                                                                 (proc.stderr or proc.stdout)[-600:]))
+    records = {}
+    for play in out.get("plays", []):
+        for task in play.get("tasks", []):
+            for host, res in task.get("hosts", {}).items():
+                content = res.get("content")
+                records[host] = json.loads(base64.b64decode(content)) if content and not res.get("failed") else None
+    return records
+
+
+def fleet(args):
+    """--fleet: predicted against actual KV tokens of every server, from the records vllm_server wrote."""
+    records = fleet_records(args.inventory, args.fleet_group, args.fleet_record)
+    if not records:
+        print("fleet: no host in group %s of %s" % (args.fleet_group, args.inventory))
+        return 1
+    header = ("host", "pred tokens", "act tokens", "pred conc", "act conc", "diff %", "verdict")
+    print("%-22s %12s %12s %10s %10s %8s  %s" % header)
+    rows = kv_actual.fleet_rows(records)
+    for host, want, got, want_conc, got_conc, diff, verdict in rows:
+        cells = ["-" if value is None else value for value in (want, got, want_conc, got_conc, diff)]
+        print("%-22s %12s %12s %10s %10s %8s  %s" % tuple([host] + cells + [verdict]))
+    exact = sum(1 for row in rows if row[-1] == "EXACT")
+    print("fleet: %d/%d servers exact (KV tokens: the plan's prediction in the deployment record against "
+          "/metrics' vllm:cache_config_info after the gate)" % (exact, len(rows)))
+    return 0 if all(row[-1] in ("EXACT", "WITHIN LIMIT") for row in rows) else 1
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wizard-python", default="/tmp/wiz/bin/python",
@@ -625,7 +671,14 @@ def main(argv=None):
     parser.add_argument("--cpu-kvcache-space-gib", type=float, default=1.0,
                         help="VLLM_CPU_KVCACHE_SPACE of the lab server (the lab sets 1)")
     parser.add_argument("--lab-block-size", type=int, default=16, help="--block-size the lab server used")
+    parser.add_argument("--fleet", action="store_true",
+                        help="predicted against actual KV tokens of every server's deployment record (-i inventory)")
+    parser.add_argument("-i", "--inventory", default=os.path.join("inventories", "lab"), help="inventory for --fleet")
+    parser.add_argument("--fleet-group", default="vllm_servers", help="the servers' group for --fleet")
+    parser.add_argument("--fleet-record", default=FLEET_RECORD, help="the deployment record on each server")
     args = parser.parse_args(argv)
+    if args.fleet:
+        return fleet(args)
     if args.lab or args.lab_log:
         return lab(args)
     if args.speed:

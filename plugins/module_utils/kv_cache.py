@@ -84,6 +84,19 @@ NON_TORCH_026_BYTES_BY_TP = {**NON_TORCH_BYTES_BY_TP, 1: int(0.24 * GIB)}
 # "Estimated CUDA graph memory: 0.84 GiB" (q30moe-fp8-u090-32k; one run).
 CUDAGRAPH_026_V1_ESTIMATE_BYTES = int(0.84 * GIB)
 
+# --- a pinned KV pool (vLLM's --kv-cache-memory-bytes) -------------------------------------------------------
+# The flag (CacheConfig.kv_cache_memory_bytes) is absent from vLLM 0.10.1's engine/arg_utils.py and present in
+# 0.10.2's. With it the GPU worker skips memory profiling and allocates exactly that many bytes
+# (vllm/v1/worker/gpu_worker.py, determine_available_memory), whatever gpu_memory_utilization says.
+KV_CACHE_MEMORY_FLAG_FROM = (0, 10, 2)
+# The CPU worker honours it from 0.20 (0.19's cpu_worker.py reads only VLLM_CPU_KVCACHE_SPACE); since then
+# vllm/platforms/cpu.py turns VLLM_CPU_KVCACHE_SPACE (whole GiB) into kv_cache_memory_bytes, overriding the flag.
+CPU_KV_CACHE_MEMORY_FROM = (0, 20, 0)
+# `auto` pins the predicted available KV memory less this share of the budget (util x total): twice the worst
+# held-out error of the vLLM 0.26 calibration (1.00 % of the budget), so a pool the profiler would not have
+# granted still leaves the activation peak its room.
+KV_CACHE_MEMORY_MARGIN = 0.02
+
 
 class PlanInputError(ValueError):
     """Bad input: the message names the field and what to change."""
@@ -185,6 +198,9 @@ class PlanRequest:
     gpu_name: str = ""
     co_located_utilizations: Sequence[float] = ()
     allow_long_max_model_len: bool = False
+    # The server's pinned KV pool: None (vLLM profiles), "auto" (pin the plan's prediction) or bytes.
+    kv_cache_memory: Optional[object] = None
+    kv_cache_memory_margin: float = KV_CACHE_MEMORY_MARGIN
 
 
 @dataclass
@@ -209,6 +225,9 @@ class Plan:
     suggestions: dict = field(default_factory=dict)
     # knobs that cannot make it fit on their own, with the number that shows it (for the misfit message)
     cannot_fit: List[str] = field(default_factory=list)
+    # The --kv-cache-memory-bytes the server is to be given (None: nothing pinned, vLLM sizes the pool itself)
+    kv_cache_memory_bytes: Optional[int] = None
+    kv_cache_memory_margin_bytes: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -246,10 +265,44 @@ def validate(req: PlanRequest) -> None:
         raise PlanInputError("kv_cache_dtype %r is not one of %s" % (req.kv_cache_dtype, ", ".join(KV_CACHE_DTYPE_BYTES)))
     if req.device not in ("cuda", "cpu"):
         raise PlanInputError("device must be cuda or cpu, got %r" % (req.device,))
-    parse_version(req.vllm_version)
+    version = parse_version(req.vllm_version)
+    check_kv_cache_memory(req.kv_cache_memory, version, req.device)
+    margin = req.kv_cache_memory_margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise PlanInputError("kv_cache_memory_margin must be a fraction in [0, 1), got %r" % (margin,))
     if req.device == "cuda" and req.gpu_memory_bytes is None and req.available_kv_cache_bytes is None:
         raise PlanInputError("gpu_memory_bytes is required (or gpu_topology facts, or available_kv_cache_bytes) "
                              "for device cuda; for the CPU backend set device: cpu and cpu_kv_cache_space_bytes")
+
+
+def parse_kv_cache_memory(value) -> Optional[object]:
+    """The server setting as the plan takes it: None (unset: '' or None), "auto", or a positive byte count."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "auto":
+            return "auto"
+        if text.isdigit():
+            value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanInputError("kv_cache_memory must be empty (vLLM sizes the KV cache), 'auto' (the plan's "
+                             "prediction, pinned) or a positive number of bytes, got %r" % (value,))
+    return value
+
+
+def check_kv_cache_memory(setting, version: tuple, device: str) -> None:
+    """Refuse a pinned KV pool the pinned vLLM cannot take, naming the release that can."""
+    pinned = parse_kv_cache_memory(setting)
+    if pinned is None or (device == "cpu" and pinned == "auto"):
+        return  # nothing is rendered (on the CPU, VLLM_CPU_KVCACHE_SPACE already pins the pool)
+    need = CPU_KV_CACHE_MEMORY_FROM if device == "cpu" else KV_CACHE_MEMORY_FLAG_FROM
+    if version < need:
+        raise PlanInputError(
+            "kv_cache_memory %r needs vLLM %s or later (--kv-cache-memory-bytes%s); the pinned vLLM is %s: unset "
+            "vllm_server_kv_cache_memory or pin a newer image" % (
+                pinned, ".".join(map(str, need)), " on the CPU backend" if device == "cpu" else "",
+                ".".join(map(str, version))))
 
 
 # --- weights -------------------------------------------------------------------------------------------------
@@ -463,17 +516,32 @@ def plan(req: PlanRequest) -> Plan:
     budget = None
     weights = None
     parts = {"activation": 0, "non_torch": 0, "cudagraph": 0, "weights_source": ""}
+    pinned = parse_kv_cache_memory(req.kv_cache_memory)
+    pool = None
+    margin_bytes = 0
     if req.available_kv_cache_bytes is not None:
         available = req.available_kv_cache_bytes
         notes.append("available_kv_cache_bytes given: only the block arithmetic ran (like --kv-cache-memory)")
     elif req.device == "cpu":
-        available = req.cpu_kv_cache_space_bytes if req.cpu_kv_cache_space_bytes is not None else 4 * GIB
-        notes.append("CPU backend: KV space is VLLM_CPU_KVCACHE_SPACE (%s GiB)" % _gib(available))
+        if isinstance(pinned, int):
+            available = pool = pinned
+            notes.append("CPU backend: KV space is --kv-cache-memory-bytes %d (%s GiB; VLLM_CPU_KVCACHE_SPACE "
+                         "left unset, it would override the flag)" % (pinned, _gib(pinned)))
+        else:
+            available = req.cpu_kv_cache_space_bytes if req.cpu_kv_cache_space_bytes is not None else 4 * GIB
+            notes.append("CPU backend: KV space is VLLM_CPU_KVCACHE_SPACE (%s GiB)%s" % (
+                _gib(available), ", which already pins the pool: kv_cache_memory auto renders nothing more"
+                if pinned == "auto" else ""))
     else:
         util = req.gpu_memory_utilization or default_gpu_memory_utilization(version)
         budget = math.ceil(req.gpu_memory_bytes * util)
         available, parts = _available_for(req, tp, util, version)
         weights = parts["weights"]
+        if pinned is not None:
+            available, pool, margin_bytes = _pinned_pool(req, pinned, available, budget, page, layers, parts,
+                                                         reasons, notes)
+            if isinstance(pinned, int):
+                budget = None  # vLLM ignores the utilization then: no utilization can be suggested
         if version[:2] > CALIBRATED_026_MEASURED:
             notes.append("non-KV terms calibrated on vLLM 0.26.0 startups; %s was not measured"
                          % req.vllm_version)
@@ -536,10 +604,44 @@ def plan(req: PlanRequest) -> Plan:
         weights_source=parts["weights_source"],
         reasons=reasons,
         notes=notes,
+        kv_cache_memory_bytes=pool,
+        kv_cache_memory_margin_bytes=margin_bytes,
     )
     if covered:
         result.suggestions = suggest(req, result, version, page, layers, memory_short)
     return result
+
+
+def pinned_auto_bytes(available: int, budget: int, margin: float, page_size_per_layer: int, layers: int) -> tuple:
+    """(pool, margin bytes) for kv_cache_memory auto: the predicted available memory less margin x budget, rounded
+    down to whole blocks of every layer, so the pinned bytes are exactly the blocks vLLM will make of them."""
+    margin_bytes = math.ceil(margin * budget)
+    pool = blocks_for(available - margin_bytes, page_size_per_layer, layers) * page_size_per_layer * layers
+    return pool, margin_bytes
+
+
+def _pinned_pool(req: PlanRequest, pinned, available: int, budget: int, page: int, layers: int, parts: dict,
+                 reasons: List[str], notes: List[str]) -> tuple:
+    """(KV bytes the plan uses, the pool to render, the margin) for a pinned pool on a GPU."""
+    non_kv = budget - available  # weights, activation peak, non-torch, CUDA graphs in the budget (estimated)
+    if pinned == "auto":
+        pool, margin_bytes = pinned_auto_bytes(available, budget, req.kv_cache_memory_margin, page, layers)
+        notes.append("kv_cache_memory auto: --kv-cache-memory-bytes %d (%s GiB) = the predicted %s GiB less a %g %% "
+                     "margin of the %s GiB budget, in whole blocks" % (
+                         pool, _gib(pool), _gib(available), 100 * req.kv_cache_memory_margin, _gib(budget)))
+        return pool, pool, margin_bytes
+    ceiling = int(MAX_SUGGESTED_UTILIZATION * req.gpu_memory_bytes) - non_kv
+    notes.append("kv_cache_memory %d bytes (%s GiB): vLLM skips profiling and ignores gpu_memory_utilization; the "
+                 "server needs an estimated %s GiB besides (weights %s, activation %s, non-torch %s, CUDA graphs %s)"
+                 % (pinned, _gib(pinned), _gib(non_kv), _gib(parts["weights"]), _gib(parts["activation"]),
+                    _gib(parts["non_torch"]), _gib(parts["cudagraph"])))
+    if pinned > ceiling:
+        reasons.append("kv_cache_memory %d bytes (%s GiB) and the estimated %s GiB the server needs besides exceed "
+                       "%.2f of the GPU's %s GiB: vLLM allocates the pool without profiling and runs out of memory "
+                       "at the activation peak. At most %d bytes (%s GiB) fits." % (
+                           pinned, _gib(pinned), _gib(non_kv), MAX_SUGGESTED_UTILIZATION,
+                           _gib(req.gpu_memory_bytes), max(ceiling, 0), _gib(max(ceiling, 0))))
+    return pinned, pinned, 0
 
 
 def _needed_blocks(req: PlanRequest, max_len: int) -> int:

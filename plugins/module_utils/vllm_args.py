@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import (
+    CPU_KV_CACHE_MEMORY_FROM,
+    KV_CACHE_MEMORY_FLAG_FROM,
+    PlanInputError,
+    parse_kv_cache_memory,
+)
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_secret_args import key_flags
 
 # Request logging: 0.10 turned it off by default (`--enable-log-requests` turns it on); `--disable-log-requests`
@@ -42,13 +48,39 @@ def _bool_flag(name: str, value: bool | None, version: tuple[int, int, int]) -> 
     return []  # older releases: off is the default and has no flag
 
 
+def kv_cache_memory_args(setting, planned, cpu_mode: bool, version: tuple[int, int, int]) -> list[str]:
+    """`--kv-cache-memory-bytes N` for the kv_cache_memory setting: '' (none), 'auto' (the plan's pool, `planned`)
+    or bytes. On the CPU backend `auto` renders nothing: VLLM_CPU_KVCACHE_SPACE, which the plan used, pins the pool."""
+    try:
+        pinned = parse_kv_cache_memory(setting)
+    except PlanInputError as exc:
+        raise VllmArgsError("vllm_server_" + str(exc)) from exc
+    if pinned is None or (cpu_mode and pinned == "auto"):
+        return []
+    need = CPU_KV_CACHE_MEMORY_FROM if cpu_mode else KV_CACHE_MEMORY_FLAG_FROM
+    if version < need:
+        raise VllmArgsError("vllm_server_kv_cache_memory needs vLLM %s or later (--kv-cache-memory-bytes%s); the "
+                            "pinned version is %s: unset it or pin a newer image"
+                            % (".".join(map(str, need)), " on the CPU backend" if cpu_mode else "",
+                               ".".join(map(str, version))))
+    if pinned == "auto":
+        planned_text = str(planned if planned is not None else "").strip()
+        if not planned_text.isdigit() or int(planned_text) < 1:
+            raise VllmArgsError("vllm_server_kv_cache_memory is auto, but no KV plan with a pool reached the role "
+                                "(vllm_server_kv_plan.kv_cache_memory_bytes is %r): deploy through site.yml or "
+                                "playbooks/rollout.yml, whose preflight plans it, or give the bytes" % (planned,))
+        pinned = int(planned_text)
+    return ["--kv-cache-memory-bytes", str(pinned)]
+
+
 def render_serve_args(settings: dict, version: str) -> list[str]:
     """Turn the vllm_server role's settings into the container's argument list.
 
     settings keys (None or missing = leave vLLM's default): model (required), revision, served_model_name, port,
     tensor_parallel_size, pipeline_parallel_size, max_model_len, gpu_memory_utilization, max_num_batched_tokens,
     max_num_seqs, kv_cache_dtype, enable_chunked_prefill, enable_prefix_caching, enable_expert_parallel,
-    disable_custom_all_reduce, enforce_eager, extra_args (list, appended last).
+    disable_custom_all_reduce, enforce_eager, kv_cache_memory ('' / 'auto' / bytes) with kv_cache_memory_planned
+    (the plan's pool for 'auto') and cpu_mode, extra_args (list, appended last).
     """
     parsed = parse_version(version)
     model = settings.get("model")
@@ -71,6 +103,8 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
         value = settings.get(key)
         if value is not None and value != "":
             args += [flag, str(value)]
+    args += kv_cache_memory_args(settings.get("kv_cache_memory"), settings.get("kv_cache_memory_planned"),
+                                 str(settings.get("cpu_mode")).strip().lower() in ("true", "1", "yes"), parsed)
     kv_dtype = settings.get("kv_cache_dtype")
     if kv_dtype and kv_dtype != "auto":
         args += ["--kv-cache-dtype", str(kv_dtype)]

@@ -99,6 +99,22 @@ options:
   cpu_kv_cache_space_bytes:
     description: KV space of the CPU backend in bytes (C(VLLM_CPU_KVCACHE_SPACE) GiB x 2^30); 4 GiB when omitted.
     type: int
+  kv_cache_memory:
+    description:
+      - The server's pinned KV pool (vllm_server_kv_cache_memory), planned as the server will run it.
+      - Empty - vLLM profiles; the plan predicts what the profiler leaves of utilization x memory.
+      - C(auto) - the prediction less O(kv_cache_memory_margin_pct) of the budget, in whole blocks, returned as
+        RV(kv_cache_memory_bytes) for C(--kv-cache-memory-bytes); tokens and concurrency are those of that pool.
+        On the CPU backend the pool stays C(VLLM_CPU_KVCACHE_SPACE) (already pinned; nothing to render).
+      - Bytes - the plan uses that pool instead of utilization x memory and fails when it and the estimated non-KV
+        memory exceed 0.98 of the GPU.
+      - Fails for a O(vllm_version) without C(--kv-cache-memory-bytes) (before 0.10.2; on the CPU backend, 0.20).
+    type: str
+    default: ""
+  kv_cache_memory_margin_pct:
+    description: The margin of C(auto), in % of the budget (utilization x GPU memory).
+    type: float
+    default: 2.0
   min_concurrency:
     description: Fail unless this many requests of O(max_model_len) fit in the KV cache at once.
     type: float
@@ -221,6 +237,18 @@ suggestions:
   returned: always
   type: dict
   sample: {"max_model_len": 40960}
+kv_cache_memory_bytes:
+  description: >-
+    The C(--kv-cache-memory-bytes) the server is to be given for O(kv_cache_memory) (null when nothing is pinned, or
+    on the CPU backend with C(auto), where C(VLLM_CPU_KVCACHE_SPACE) pins the pool).
+  returned: always
+  type: int
+  sample: 76541263872
+kv_cache_memory_margin_bytes:
+  description: The margin C(auto) left below the prediction (0 otherwise).
+  returned: always
+  type: int
+  sample: 1580547965
 cannot_fit:
   description: >-
     On a misfit, the knobs that cannot fix it on their own, with the number that shows it (e.g. the utilization it
@@ -237,6 +265,7 @@ from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import (
     DEFAULT_VLLM_VERSION,
     PlanInputError,
     PlanRequest,
+    parse_kv_cache_memory,
     plan,
     summary,
 )
@@ -290,6 +319,8 @@ def build_request(params):
         gpu_name=gpu_name,
         co_located_utilizations=params["co_located_utilizations"],
         allow_long_max_model_len=params["allow_long_max_model_len"],
+        kv_cache_memory=parse_kv_cache_memory(params["kv_cache_memory"]),
+        kv_cache_memory_margin=params["kv_cache_memory_margin_pct"] / 100.0,
     )
 
 
@@ -313,6 +344,8 @@ def result_facts(result):
         "notes": result.notes,
         "suggestions": result.suggestions,
         "cannot_fit": result.cannot_fit,
+        "kv_cache_memory_bytes": result.kv_cache_memory_bytes,
+        "kv_cache_memory_margin_bytes": result.kv_cache_memory_margin_bytes,
     }
 
 
@@ -342,6 +375,8 @@ def main():
             co_located_utilizations=dict(type="list", elements="float", default=[]),
             allow_long_max_model_len=dict(type="bool", default=False),
             fail_on_misfit=dict(type="bool", default=True),
+            kv_cache_memory=dict(type="str", default=""),
+            kv_cache_memory_margin_pct=dict(type="float", default=2.0),
         ),
         supports_check_mode=True,
     )

@@ -71,6 +71,28 @@ def test_the_key_is_enforced(host, api_key):
     assert host.run(probe + "wrong-key").rc != 0
 
 
+def logged_kv_tokens(log):
+    """N of the last `CPU KV cache size: N tokens` line of a vLLM server log."""
+    line = [entry for entry in log.splitlines() if " KV cache size: " in entry][-1]
+    return int(line.split(" KV cache size: ", 1)[1].split(" tokens", 1)[0].replace(",", ""))
+
+
+def test_the_record_holds_the_kv_plan_and_what_vllm_allocated_and_they_agree(host):
+    """vllm_server's KV check after the gate: predicted (the preflight's plan) against /metrics' cache config."""
+    for name in ("vllm.deployment.json", "vllm.deployment.previous.json"):  # the upgrade's and site.yml's
+        kv = json.loads(host.file("/etc/onprem-vllm/" + name).content_string)["kv_cache"]
+        predicted, actual = kv["predicted"], kv["actual"]
+        assert predicted["kv_cache_tokens"] == actual["kv_cache_tokens"] > 0
+        # the CPU backend's blocks hold 128 tokens, the plan counts 16-token blocks: the same tokens either way
+        assert actual["num_gpu_blocks"] * actual["block_size"] == predicted["num_gpu_blocks"] * 16
+        assert predicted["max_concurrency"] == actual["max_concurrency"] and predicted["max_model_len"] == 2048
+        assert kv["difference_tokens"] == 0 and kv["within_limit"] is True
+        # VLLM_CPU_KVCACHE_SPACE=1 is the pool vLLM's CPU platform pins
+        assert actual["kv_cache_memory_bytes"] == predicted["available_kv_cache_bytes"] == 1 << 30
+    # what /metrics said is what the server logged at startup
+    assert actual["kv_cache_tokens"] == logged_kv_tokens(host.check_output("docker logs vllm 2>&1"))
+
+
 def test_deployment_records_for_rollback(host):
     current = json.loads(host.file("/etc/onprem-vllm/vllm.deployment.json").content_string)
     previous = json.loads(host.file("/etc/onprem-vllm/vllm.deployment.previous.json").content_string)

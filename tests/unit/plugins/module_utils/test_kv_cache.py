@@ -470,3 +470,82 @@ def test_constraint_misfit_does_not_suggest_a_shorter_context():
     assert not result.fits
     text = kc.fix_text(result)
     assert "max_model_len" not in text and "tensor_parallel_size" in text
+
+
+# --- a pinned KV pool (kv_cache_memory) ----------------------------------------------------------------------
+
+H200_BYTES = 150110011392  # CUDA's total of the lent H200 (140 GiB less the driver's reserve)
+
+
+@pytest.mark.parametrize("value, parsed", [(None, None), ("", None), ("  ", None), ("auto", "auto"), ("AUTO", "auto"),
+                                           ("1073741824", 1073741824), (4096, 4096)])
+def test_kv_cache_memory_setting(value, parsed):
+    assert kc.parse_kv_cache_memory(value) == parsed
+
+
+@pytest.mark.parametrize("value", ["4GiB", "0", 0, -5, True, 1.5, "half"])
+def test_kv_cache_memory_bad_setting(value):
+    with pytest.raises(kc.PlanInputError, match="kv_cache_memory must be"):
+        kc.parse_kv_cache_memory(value)
+
+
+def test_auto_pins_the_prediction_less_the_margin_in_whole_blocks():
+    free = run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, gpu_memory_utilization=0.9, max_model_len=32768,
+               vllm_version="0.32.0")
+    pinned = run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, gpu_memory_utilization=0.9, max_model_len=32768,
+                 vllm_version="0.32.0", kv_cache_memory="auto")
+    block_bytes = pinned.kv_bytes_per_token * 16  # one block of every layer
+    assert pinned.kv_cache_memory_margin_bytes == math.ceil(0.02 * free.budget_bytes)
+    assert pinned.kv_cache_memory_bytes % block_bytes == 0
+    assert 0 <= free.available_kv_cache_bytes - pinned.kv_cache_memory_margin_bytes - pinned.kv_cache_memory_bytes \
+        < block_bytes
+    # what vLLM makes of exactly that many bytes is what the plan says: blocks = pool // block bytes
+    assert pinned.available_kv_cache_bytes == pinned.kv_cache_memory_bytes
+    assert pinned.num_gpu_blocks == pinned.kv_cache_memory_bytes // block_bytes
+    assert pinned.fits and pinned.num_gpu_blocks < free.num_gpu_blocks
+    assert any("2 % margin" in note for note in pinned.notes)
+
+
+def test_auto_is_the_same_pool_on_every_host_of_one_gpu_model():
+    # three hosts of one GPU model: the same CUDA total, each planned on its own
+    pools = {run("Qwen3-8B", gpu_memory_bytes=memory, max_model_len=32768, vllm_version="0.32.0",
+                 kv_cache_memory="auto").kv_cache_memory_bytes for memory in [H200_BYTES] * 3}
+    assert len(pools) == 1
+
+
+def test_a_pool_in_bytes_replaces_the_budget_and_is_checked():
+    fits = run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, max_model_len=32768, vllm_version="0.32.0",
+               kv_cache_memory=40 * GIB)
+    assert fits.fits and fits.available_kv_cache_bytes == 40 * GIB and fits.kv_cache_memory_bytes == 40 * GIB
+    assert fits.num_gpu_blocks == 40 * GIB // (fits.kv_bytes_per_token * 16)
+    too_big = run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, max_model_len=32768, vllm_version="0.32.0",
+                  kv_cache_memory=138 * GIB)
+    assert not too_big.fits
+    assert any("runs out of memory" in reason and "At most" in reason for reason in too_big.reasons)
+    # the largest pool the message names fits
+    most = int(kc.summary(too_big).split("At most ")[1].split(" ")[0])
+    assert run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, max_model_len=32768, vllm_version="0.32.0",
+               kv_cache_memory=most).fits
+
+
+def test_cpu_backend_auto_keeps_the_kvcache_space_and_bytes_replace_it():
+    lab = dict(device="cpu", cpu_kv_cache_space_bytes=GIB, max_model_len=2048, vllm_version="0.32.0")
+    unset = run("tiny-qwen3", **lab)
+    auto = run("tiny-qwen3", kv_cache_memory="auto", **lab)
+    assert auto.kv_cache_memory_bytes is None and auto.kv_cache_tokens == unset.kv_cache_tokens == 1048576
+    pinned = run("tiny-qwen3", kv_cache_memory=512 * 1024 * 1024, **lab)
+    assert pinned.kv_cache_memory_bytes == 512 << 20 and pinned.kv_cache_tokens == 1048576 // 2
+
+
+@pytest.mark.parametrize("version, device, setting", [("0.10.1", "cuda", "auto"), ("0.9.2", "cuda", 1 << 30),
+                                                      ("0.19.1", "cpu", 1 << 30)])
+def test_a_vllm_without_the_flag_is_refused_with_the_release_that_has_it(version, device, setting):
+    kw = {"gpu_memory_bytes": H200_BYTES} if device == "cuda" else {}
+    with pytest.raises(kc.PlanInputError, match="needs vLLM 0.(10.2|20.0) or later"):
+        run("Qwen3-8B", device=device, vllm_version=version, kv_cache_memory=setting, **kw)
+
+
+def test_first_releases_with_the_flag_are_accepted():
+    assert run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, vllm_version="0.10.2", kv_cache_memory="auto",
+               max_model_len=32768).kv_cache_memory_bytes
+    assert run("tiny-qwen3", device="cpu", vllm_version="0.20.0", kv_cache_memory=GIB).kv_cache_memory_bytes == GIB

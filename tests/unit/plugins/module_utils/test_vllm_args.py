@@ -86,3 +86,43 @@ def test_api_key_on_the_command_line_is_refused():
 def test_model_is_required():
     with pytest.raises(VllmArgsError, match="model is required"):
         render_serve_args({"model": ""}, "v0.32.0")
+
+
+# --- the pinned KV pool (--kv-cache-memory-bytes) -------------------------------------------------------------
+
+def test_no_kv_pool_flag_unless_asked():
+    assert "--kv-cache-memory-bytes" not in render_serve_args(dict(SEED, kv_cache_memory=""), "v0.32.0")
+
+
+def test_kv_pool_in_bytes():
+    args = render_serve_args(dict(SEED, kv_cache_memory="42949672960"), "v0.32.0")
+    assert flag_value(args, "--kv-cache-memory-bytes") == "42949672960"
+
+
+def test_kv_pool_auto_is_the_plans():
+    args = render_serve_args(dict(SEED, kv_cache_memory="auto", kv_cache_memory_planned=76541263872), "v0.10.2")
+    assert flag_value(args, "--kv-cache-memory-bytes") == "76541263872"
+
+
+@pytest.mark.parametrize("planned", [None, "", 0, "None"])
+def test_kv_pool_auto_without_a_plan_is_refused(planned):
+    with pytest.raises(VllmArgsError, match="no KV plan"):
+        render_serve_args(dict(SEED, kv_cache_memory="auto", kv_cache_memory_planned=planned), "v0.32.0")
+
+
+def test_kv_pool_auto_on_the_cpu_renders_nothing():
+    """VLLM_CPU_KVCACHE_SPACE, which the plan used, already pins the CPU pool."""
+    args = render_serve_args(dict(SEED, kv_cache_memory="auto", cpu_mode=True), "v0.32.0")
+    assert "--kv-cache-memory-bytes" not in args
+
+
+@pytest.mark.parametrize("version, cpu_mode", [("v0.10.1", False), ("v0.19.1", True)])
+def test_kv_pool_on_a_vllm_without_the_flag(version, cpu_mode):
+    with pytest.raises(VllmArgsError, match="needs vLLM"):
+        render_serve_args(dict(SEED, kv_cache_memory="1073741824", cpu_mode=cpu_mode), version)
+
+
+@pytest.mark.parametrize("value", ["4GiB", "-1", "0", "half"])
+def test_kv_pool_bad_values(value):
+    with pytest.raises(VllmArgsError, match="vllm_server_kv_cache_memory"):
+        render_serve_args(dict(SEED, kv_cache_memory=value), "v0.32.0")

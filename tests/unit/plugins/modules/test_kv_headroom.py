@@ -97,3 +97,24 @@ def test_misfit_message_gives_the_fixes_with_numbers(capsys):
     assert "gpu_memory_utilization" not in out["suggestions"]
     assert out["cannot_fit"] and out["cannot_fit"][0].startswith("no gpu_memory_utilization fits")
     assert "Not enough alone: no gpu_memory_utilization fits at tensor_parallel_size 1: it would take" in out["msg"]
+
+
+def test_auto_kv_cache_memory_returns_the_pool_to_render(capsys):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+                   max_model_len=32768, vllm_version="0.32.0", kv_cache_memory="auto", kv_cache_memory_margin_pct=3.0)
+    assert rc == 0 and out["fits"]
+    assert out["kv_cache_memory_bytes"] == out["available_kv_cache_bytes"] > 0
+    assert out["kv_cache_tokens"] == out["kv_cache_memory_bytes"] // out["kv_bytes_per_token"] // 16 * 16
+    assert out["kv_cache_memory_margin_bytes"] == -(-3 * out["gpu_memory_utilization"] * 80 * GIB // 100)
+
+
+def test_unset_kv_cache_memory_renders_nothing(capsys):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+                   max_model_len=32768, vllm_version="0.32.0")
+    assert rc == 0 and out["kv_cache_memory_bytes"] is None and out["kv_cache_memory_margin_bytes"] == 0
+
+
+def test_kv_cache_memory_on_a_vllm_without_the_flag_fails_clearly(capsys):
+    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+                   vllm_version="0.9.2", kv_cache_memory="auto")
+    assert rc == 1 and "needs vLLM 0.10.2 or later" in out["msg"] and "vllm_server_kv_cache_memory" in out["msg"]

@@ -1,0 +1,119 @@
+#!/usr/bin/python
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_kv_check
+short_description: Compare the KV cache a running vLLM server allocated with the plan's prediction
+version_added: 0.1.0
+author: onprem.vllm developers (@onprem)
+description:
+  - Runs on the vLLM host after the health gate. Reads C(/metrics)' C(vllm:cache_config_info) (the engine's block
+    count and block size, the pinned C(kv_cache_memory_bytes)) and compares the KV tokens with O(predicted), the
+    KV plan of C(onprem.vllm.kv_headroom).
+  - Returns the entry the deployment record keeps (C(record)). A difference beyond O(max_difference_pct) is a
+    warning, never a failure (the server passed its gate and serves); a server whose metric cannot be read is a
+    warning too.
+options:
+  url:
+    description: Base URL of the server as seen from the host.
+    type: str
+    default: http://127.0.0.1:8000
+  api_key:
+    description: The server's API key, sent in case C(/metrics) is behind it; empty when the server has none.
+    type: str
+    default: ""
+  predicted:
+    description: >-
+      The KV plan (the result of C(onprem.vllm.kv_headroom), as C(gpu_preflight_kv_plan) publishes it); empty when
+      no plan reached the caller (then only the actual allocation is recorded).
+    type: dict
+    default: {}
+  max_difference_pct:
+    description: Warn when the actual KV tokens differ from the predicted ones by more than this percentage.
+    type: float
+    default: 5.0
+  request_timeout:
+    description: Seconds the request may take.
+    type: int
+    default: 30
+attributes:
+  check_mode:
+    support: full
+    description: Only reads; it runs the same in check mode.
+notes:
+  - vLLM exports C(vllm:cache_config_info) from 0.8 (V1 engine); C(num_gpu_blocks) is filled once the engine core
+    allocated its cache, i.e. always after a passed health gate.
+"""
+
+EXAMPLES = r"""
+- name: Record the KV cache vLLM allocated against the plan
+  onprem.vllm.vllm_kv_check:
+    url: http://127.0.0.1:8000
+    predicted: "{{ gpu_preflight_kv_plan }}"
+    max_difference_pct: 5
+  register: kv
+"""
+
+RETURN = r"""
+record:
+  description: >-
+    predicted (the plan's kv_cache_tokens, num_gpu_blocks, max_concurrency, max_model_len, available_kv_cache_bytes,
+    kv_cache_memory_bytes), actual (num_gpu_blocks, block_size, kv_cache_tokens, kv_cache_memory_bytes, cache_dtype,
+    max_concurrency at the plan's max_model_len), difference_tokens, difference_pct, max_difference_pct, within_limit.
+  returned: always
+  type: dict
+  sample: {"predicted": {"kv_cache_tokens": 1048576}, "actual": {"kv_cache_tokens": 1048576},
+           "difference_tokens": 0, "difference_pct": 0.0, "max_difference_pct": 5.0, "within_limit": true}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.onprem.vllm.plugins.module_utils.kv_actual import (
+    actual_from_labels,
+    compare,
+    parse_cache_config_info,
+    predicted_from_plan,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", default="http://127.0.0.1:8000"),
+            api_key=dict(type="str", default="", no_log=True),
+            predicted=dict(type="dict", default={}),
+            max_difference_pct=dict(type="float", default=5.0),
+            request_timeout=dict(type="int", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    headers = {"Authorization": "Bearer " + params["api_key"]} if params["api_key"] else {}
+    predicted = predicted_from_plan(params["predicted"])
+    actual = None
+    why = ""
+    try:
+        page = open_url(params["url"].rstrip("/") + "/metrics", headers=headers, timeout=params["request_timeout"],
+                        validate_certs=False).read().decode("utf-8", "replace")
+        labels = parse_cache_config_info(page)
+        if labels is None:
+            why = "/metrics has no vllm:cache_config_info series"
+        else:
+            actual = actual_from_labels(labels, (predicted or {}).get("max_model_len"))
+            why = "" if actual else "vllm:cache_config_info has no num_gpu_blocks yet"
+    except (HTTPError, URLError, OSError) as exc:
+        why = "cannot read %s/metrics: %s" % (params["url"].rstrip("/"), exc)
+    result = compare(predicted, actual, params["max_difference_pct"])
+    # In check mode a server that a real run would first deploy is not there yet: nothing to warn about.
+    if why and not (module.check_mode and actual is None and "cannot read" in why):
+        module.warn("KV check: %s; the deployment record keeps no actual KV allocation." % why)
+    if result["warning"]:
+        module.warn(result["warning"])
+    module.exit_json(changed=False, record=result["entry"])
+
+
+if __name__ == "__main__":
+    main()
