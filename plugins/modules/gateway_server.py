@@ -182,7 +182,8 @@ def main():
             if cmd not in drain_cmds:
                 api.set_command(cmd)
         row = fetch()
-        if state == "ready" and params["wait"]:
+        # Only a server this call put back is waited for: one already in rotation but DOWN is the health check's.
+        if state == "ready" and params["wait"] and commands:
             row, waited, finished = wait_for(fetch, lambda r: is_serving(r.get("status", "")), params["timeout"],
                                              params["poll_interval"])
             result["waited"] = round(waited, 2)
