@@ -4,7 +4,9 @@
 The gateway puts every vLLM host in one HAProxy backend; a rollout takes a host out of rotation with
 `set server B/S state drain` (no new requests; requests already running finish), waits until the server's current
 sessions (`scur`) and queue (`qcur`) are zero, then `state maint` (health checks stop too, so stopping vLLM logs no
-error). Undrain is `state ready`, and the host counts as back only once HAProxy's own health check says UP.
+error). Undrain goes MAINT -> DRAIN, forces the server's health DOWN, then `state ready`: leaving MAINT straight to
+ready, HAProxy reports the health the server had before (UP at once, no new check), so the host counts as back only
+once HAProxy has run `rise` fresh passing checks after the undrain and says UP again.
 """
 from __future__ import annotations
 
@@ -67,8 +69,12 @@ def is_serving(status: str) -> bool:
     return (status or "").upper() in ("UP", "NO CHECK")
 
 
-def commands_for(current_status: str, state: str, backend: str, server: str) -> list[str]:
-    """The runtime commands that take a server from its current status to the wanted state (empty: nothing to do)."""
+def commands_for(current_status: str, state: str, backend: str, server: str, fresh_check: bool = True) -> list[str]:
+    """The runtime commands that take a server from its current status to the wanted state (empty: nothing to do).
+
+    With fresh_check, a server put back in rotation is first forced DOWN (still out of rotation), so it serves again
+    only once HAProxy's own checks pass after the undrain; never for a server already in rotation.
+    """
     if state not in STATES:
         raise RuntimeError_(f"state must be one of {', '.join(STATES)}, got {state!r}")
     current = admin_state(current_status)
@@ -78,6 +84,12 @@ def commands_for(current_status: str, state: str, backend: str, server: str) -> 
     if state == "maint" and current == "ready":
         # Drain first: maint alone would also let running requests finish, but drain makes the wait explicit.
         return [f"set server {target} state drain", f"set server {target} state maint"]
+    if state == "ready" and fresh_check:
+        # `health down` is ignored in MAINT (measured on 2.6.12: it came back "UP 1/2", in rotation, without a new
+        # check), so MAINT goes to DRAIN first (checked, still out of rotation), then DOWN, then ready: DOWN until
+        # `rise` fresh checks pass.
+        return ([f"set server {target} state drain"] if current == "maint" else []) + [
+            f"set server {target} health down", f"set server {target} state ready"]
     return [f"set server {target} state {state}"]
 
 

@@ -11,8 +11,10 @@ description:
   - Runs on the gateway host and talks to the gateway's HAProxy admin socket (runtime API).
   - C(state=maint) drains the server (no new requests), waits until its requests in flight and queued are done,
     then puts it in maintenance (health checks stop too). C(state=drain) stops after the wait.
-  - C(state=ready) puts the server back; with O(wait) it returns only once HAProxy's health check sees it UP, so the
-    host really serves through the gateway again before the next batch starts.
+  - C(state=ready) puts the server back; with O(fresh_check) its health is forced DOWN first (leaving maintenance,
+    HAProxy would otherwise report at once the health it had before), so with O(wait) the module returns only once
+    HAProxy's own checks have passed again after the undrain. A server that does not come UP in time is put back in
+    maintenance (it stays drained) and the module fails.
 options:
   socket:
     description: Path of the HAProxy admin socket on the gateway host.
@@ -33,6 +35,12 @@ options:
     choices: [ready, drain, maint]
   wait:
     description: Wait for in-flight requests to finish (drain, maint) or for a passed health check (ready).
+    type: bool
+    default: true
+  fresh_check:
+    description:
+      - For C(state=ready) of a server out of rotation, force its health DOWN before putting it back, so that only
+        fresh passing health checks bring it UP.
     type: bool
     default: true
   timeout:
@@ -135,6 +143,7 @@ def main():
             server=dict(type="str", required=True),
             state=dict(type="str", required=True, choices=["ready", "drain", "maint"]),
             wait=dict(type="bool", default=True),
+            fresh_check=dict(type="bool", default=True),
             timeout=dict(type="int", default=600),
             poll_interval=dict(type="float", default=0.5),
         ),
@@ -152,7 +161,7 @@ def main():
         row = fetch()
         before = row.get("status", "")
         result = dict(changed=False, before=before, in_flight_before=in_flight(row), waited=0.0, started=started)
-        commands = commands_for(before, state, backend, server)
+        commands = commands_for(before, state, backend, server, params["fresh_check"])
         result["commands"] = commands
         result["changed"] = bool(commands)
         if module.check_mode:
@@ -173,14 +182,20 @@ def main():
             if cmd not in drain_cmds:
                 api.set_command(cmd)
         row = fetch()
-        if state == "ready" and params["wait"]:
+        # Only a server this call put back is waited for: one already in rotation but DOWN is the health check's.
+        if state == "ready" and params["wait"] and commands:
             row, waited, finished = wait_for(fetch, lambda r: is_serving(r.get("status", "")), params["timeout"],
                                              params["poll_interval"])
             result["waited"] = round(waited, 2)
             if not finished:
-                module.fail_json(msg=f"{backend}/{server} is back in rotation but HAProxy's health check has not "
-                                     f"seen it UP within {params['timeout']} s (status {row.get('status')}, last "
-                                     f"check: {row.get('check_status', '')} {row.get('check_desc', '')})",
+                # Out of rotation again: a server the gateway cannot check must not flap back in later unverified.
+                api.set_command(f"set server {backend}/{server} state maint")
+                module.fail_json(msg=f"{backend}/{server} did not pass a fresh health check by the gateway within "
+                                     f"{params['timeout']} s (status {row.get('status')}, last check: "
+                                     f"{row.get('check_status', '')} {row.get('check_desc', '')}; the gateway checks "
+                                     f"{row.get('addr', 'its configured address')}): it stays drained (MAINT). Check "
+                                     "that the gateway reaches the host (advertise host, port, bind address, "
+                                     "firewall)",
                                  status=row.get("status"), in_flight=in_flight(row), timestamp=time.time(), **result)
         if admin_state(row.get("status", "")) != state:
             module.fail_json(msg=f"{backend}/{server} is {row.get('status')} after {commands}, not {state}",

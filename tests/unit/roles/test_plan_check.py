@@ -129,7 +129,18 @@ def test_several_refusals_come_in_one_message(tmp_path):
 
 def test_unpinned_image_is_refused(tmp_path):
     msg, dummy = run_plan(tmp_path, vllm_server_image_tag="latest")
-    assert "vllm_server_image_tag must pin a release such as v0.32.0 (got 'latest')" in msg
+    assert "vllm_server_image_tag must pin a release: pin a tag like v0.32.0 (got 'latest'" in msg
+
+
+def test_bad_numbers_are_refused_by_the_plan_check(tmp_path):
+    """The plan check uses the same settings check as vllm_server and the rollout (module_utils/vllm_settings.py)."""
+    msg, dummy = run_plan(tmp_path, vllm_server_max_model_len=0, vllm_server_max_num_batched_tokens=-1,
+                          vllm_server_tensor_parallel_size=0, vllm_server_served_model_name="qwen 3")
+    for expected in ("vllm_server_max_model_len must be a whole number >= 1 (got 0)",
+                     "vllm_server_max_num_batched_tokens must be a whole number >= 1 (got -1)",
+                     "vllm_server_tensor_parallel_size must be a whole number >= 1 (got 0)",
+                     "vllm_server_served_model_name must be a non-empty name without spaces"):
+        assert expected in msg
 
 
 def test_empty_model_pin_is_refused(tmp_path):

@@ -64,7 +64,21 @@ def run_checks(tmp_path, steps=("validate.yml", "image.yml"), **overrides):
 
 
 def test_unpinned_tag_is_refused(tmp_path):
-    assert "must pin a release such as v0.32.0 (got 'latest')" in run_checks(tmp_path, vllm_server_image_tag="latest")
+    assert "must pin a release: pin a tag like v0.32.0 (got 'latest'" in run_checks(tmp_path, vllm_server_image_tag="latest")
+
+
+def test_bad_numbers_and_names_are_refused_at_once(tmp_path):
+    """The role's validate step uses the one settings check (module_utils/vllm_settings.py): every message at once."""
+    message = run_checks(tmp_path, steps=("validate.yml",), vllm_server_max_model_len=-5, vllm_server_max_num_seqs=0,
+                         vllm_server_served_model_name="", vllm_server_gpu_memory_utilization=1.5,
+                         vllm_server_model="/models/x", vllm_server_port=70000)
+    for expected in ("vllm_server_max_model_len must be a whole number >= 1 (got -5)",
+                     "vllm_server_max_num_seqs must be a whole number >= 1 (got 0)",
+                     "vllm_server_served_model_name must be a non-empty name without spaces",
+                     "vllm_server_gpu_memory_utilization must be a fraction in (0, 1]",
+                     "vllm_server_model is the path '/models/x', which the server's container does not have",
+                     "vllm_server_port must be a TCP port 1..65535 (got 70000)"):
+        assert expected in message
 
 
 def test_open_port_without_api_key_is_refused(tmp_path):

@@ -77,7 +77,14 @@ def test_commands_drain_before_maint():
                                                           "set server vllm/ws1 state maint"]
     assert commands_for("DRAIN", "maint", "vllm", "ws1") == ["set server vllm/ws1 state maint"]
     assert commands_for("MAINT", "maint", "vllm", "ws1") == []
-    assert commands_for("MAINT", "ready", "vllm", "ws1") == ["set server vllm/ws1 state ready"]
+    # Back in rotation only after fresh checks: forced DOWN before the admin state leaves MAINT/DRAIN.
+    assert commands_for("MAINT", "ready", "vllm", "ws1") == ["set server vllm/ws1 state drain",
+                                                             "set server vllm/ws1 health down",
+                                                             "set server vllm/ws1 state ready"]
+    assert commands_for("DRAIN", "ready", "vllm", "ws1") == ["set server vllm/ws1 health down",
+                                                             "set server vllm/ws1 state ready"]
+    assert commands_for("MAINT", "ready", "vllm", "ws1", fresh_check=False) == ["set server vllm/ws1 state ready"]
+    assert commands_for("UP", "ready", "vllm", "ws1") == []
     assert commands_for("DOWN", "ready", "vllm", "ws1") == []
     with pytest.raises(RuntimeError_):
         commands_for("UP", "off", "vllm", "ws1")
