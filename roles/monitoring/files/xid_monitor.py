@@ -129,18 +129,18 @@ def metrics_text(state, ok, spooled, now):
         "# HELP onprem_vllm_xid_webhook_spooled Xid alerts whose webhook post failed, waiting to be sent again.",
         "# TYPE onprem_vllm_xid_webhook_spooled gauge",
         "onprem_vllm_xid_webhook_spooled %d" % spooled,
-        "# HELP onprem_vllm_xid_events_total Xid events seen, by gpu_health's severity.",
+        "# HELP onprem_vllm_xid_events_total Xid events seen, by gpu_health's severity (xid_severity).",
         "# TYPE onprem_vllm_xid_events_total counter",
     ]
     counts = state.get("counts", {})
-    lines += ['onprem_vllm_xid_events_total{severity="%s"} %d' % (s, counts.get(s, 0)) for s in SEVERITIES]
+    lines += ['onprem_vllm_xid_events_total{xid_severity="%s"} %d' % (s, counts.get(s, 0)) for s in SEVERITIES]
     lines += [
         "# HELP onprem_vllm_xid_last_event_timestamp_seconds When the monitor last saw this Xid code on this GPU.",
         "# TYPE onprem_vllm_xid_last_event_timestamp_seconds gauge",
     ]
     for key, seen in sorted(state.get("last_seen", {}).items()):
         code, bus, severity = key.split("|")
-        lines.append('onprem_vllm_xid_last_event_timestamp_seconds{code="%s",pci_bus_id="%s",severity="%s"} %d'
+        lines.append('onprem_vllm_xid_last_event_timestamp_seconds{code="%s",pci_bus_id="%s",xid_severity="%s"} %d'
                      % (code, bus, severity, seen))
     return "\n".join(lines) + "\n"
 

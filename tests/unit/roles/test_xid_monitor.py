@@ -109,13 +109,13 @@ def test_metrics_count_events_and_label_the_code(monitor):
     (tmp_path / "kern.log").write_text(XID_79 + "\n" + XID_REDACTED + "\n")
     assert run().returncode == 0
     m = metrics(tmp_path)
-    assert m['onprem_vllm_xid_events_total{severity="block"}'] == 1
-    assert m['onprem_vllm_xid_events_total{severity="warn"}'] == 1
-    assert m['onprem_vllm_xid_events_total{severity="info"}'] == 0
-    assert 'onprem_vllm_xid_last_event_timestamp_seconds{code="79",pci_bus_id="0000:01:00.0",severity="block"}' in m
-    assert 'onprem_vllm_xid_last_event_timestamp_seconds{code="145",pci_bus_id="unknown",severity="warn"}' in m
+    assert m['onprem_vllm_xid_events_total{xid_severity="block"}'] == 1
+    assert m['onprem_vllm_xid_events_total{xid_severity="warn"}'] == 1
+    assert m['onprem_vllm_xid_events_total{xid_severity="info"}'] == 0
+    assert 'onprem_vllm_xid_last_event_timestamp_seconds{code="79",pci_bus_id="0000:01:00.0",xid_severity="block"}' in m
+    assert 'onprem_vllm_xid_last_event_timestamp_seconds{code="145",pci_bus_id="unknown",xid_severity="warn"}' in m
     assert run().returncode == 0  # nothing new: counts stay
-    assert metrics(tmp_path)['onprem_vllm_xid_events_total{severity="block"}'] == 1
+    assert metrics(tmp_path)['onprem_vllm_xid_events_total{xid_severity="block"}'] == 1
 
 
 def test_a_failed_webhook_post_is_sent_again_by_the_next_run(monitor, sink):
