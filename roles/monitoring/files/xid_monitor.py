@@ -53,6 +53,10 @@ def read_journal(cursor):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as exc:
         return "", cursor, "journalctl could not run: %s" % exc
+    # systemd 252's journalctl exits 1 when nothing matches ("-- No entries --" on stdout, nothing on stderr), e.g.
+    # no kernel line since the cursor: not a failure.
+    if proc.returncode == 1 and proc.stdout.strip() == "-- No entries --" and not proc.stderr.strip():
+        return "", cursor, None
     if proc.returncode != 0:
         return "", cursor, "journalctl -k failed (exit %d): %s" % (proc.returncode, proc.stderr.strip()[-200:])
     lines, new_cursor = [], cursor

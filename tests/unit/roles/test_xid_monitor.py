@@ -97,6 +97,17 @@ def test_a_journal_that_cannot_be_read_fails_the_run_and_keeps_the_cursor(monito
     assert metrics(tmp_path)["onprem_vllm_xid_monitor_last_run_success"] == 1
 
 
+def test_no_new_kernel_lines_is_not_a_failure(monitor):
+    run, journalctl, tmp_path = monitor
+    assert run().returncode == 0
+    # What systemd 252 (Debian 12) prints and returns when nothing follows the cursor (seen on a lab host).
+    journalctl("echo '-- No entries --'; exit 1")
+    proc = run()
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads((tmp_path / "state.json").read_text())["cursor"] == "s=1"
+    assert metrics(tmp_path)["onprem_vllm_xid_monitor_last_run_success"] == 1
+
+
 def test_journalctl_that_cannot_run_fails_the_run(monitor):
     run, _, tmp_path = monitor
     os.remove(tmp_path / "bin" / "journalctl")
