@@ -88,8 +88,8 @@ def read_file(path, offset):
 
 
 def webhook_payload(host, events):
-    parts = ["Xid %d (%s) on GPU %s: %s" % (e["code"], e["severity"], e["pci_bus_id"] or "(unknown bus id)",
-                                           e["description"]) for e in events]
+    parts = ["Xid %d (%s) on GPU %s: %s" % (e["code"], e["severity"], e["pci_bus_id"] or "(unknown bus id)", e["description"])
+             for e in events]
     return {"text": "%s: %s" % (host, "; ".join(parts)), "host": host, "events": events}
 
 
