@@ -101,7 +101,7 @@ def post_webhook(url, payload, timeout=10):
 
 
 def deliver(url, spool_path, payload):
-    """Send the spooled payloads, oldest first, then this run's; keep what could not be sent. Returns (sent, kept)."""
+    """Send the spooled payloads, oldest first, then this run's; keep what could not be sent. Returns how many are kept."""
     pending = load_json(spool_path, [])
     if payload is not None:
         pending.append(payload)
@@ -116,7 +116,7 @@ def deliver(url, spool_path, payload):
     kept = pending[sent:]
     if kept or os.path.exists(spool_path):
         write_atomic(spool_path, json.dumps(kept))
-    return sent, len(kept)
+    return len(kept)
 
 
 def metrics_text(state, ok, spooled, now):
@@ -192,7 +192,7 @@ def main(argv=None):
         print("<7>xid-monitor: no new Xid events")
     spooled = 0
     if webhook:
-        _, spooled = deliver(webhook, args.spool, webhook_payload(host, events) if events else None)
+        spooled = deliver(webhook, args.spool, webhook_payload(host, events) if events else None)
     for error in errors:
         print("<3>xid-monitor: cannot read the kernel log: %s" % error)
     if not errors:

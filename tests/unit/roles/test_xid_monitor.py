@@ -109,14 +109,14 @@ def test_no_new_kernel_lines_is_not_a_failure(monitor):
 
 
 def test_journalctl_that_cannot_run_fails_the_run(monitor):
-    run, _, tmp_path = monitor
+    run, tmp_path = monitor[0], monitor[2]
     os.remove(tmp_path / "bin" / "journalctl")
     proc = run(search_path="stand-in only")  # no journalctl on PATH at all
     assert proc.returncode == 1 and "journalctl could not run" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_metrics_count_events_and_label_the_code(monitor):
-    run, _, tmp_path = monitor
+    run, tmp_path = monitor[0], monitor[2]
     (tmp_path / "kern.log").write_text(XID_79 + "\n" + XID_REDACTED + "\n")
     assert run().returncode == 0
     m = metrics(tmp_path)
@@ -130,7 +130,7 @@ def test_metrics_count_events_and_label_the_code(monitor):
 
 
 def test_a_failed_webhook_post_is_sent_again_by_the_next_run(monitor, sink):
-    run, _, tmp_path = monitor
+    run, tmp_path = monitor[0], monitor[2]
     url, received = sink
     (tmp_path / "kern.log").write_text(XID_79 + "\n")
     proc = run(webhook="http://127.0.0.1:9/unreachable")
