@@ -338,8 +338,26 @@ def host_section(host):
     return "\n".join(parts)
 
 
+DASHBOARD_FILE = "roles/monitoring/files/grafana/onprem-vllm-fleet.json"
+DASHBOARD_UID = "onprem-vllm-fleet"
+
+
+def dashboard_link(dashboard):
+    """The report's pointer to the fleet's Grafana dashboard: a link at the run's time range when its URL is known,
+    else the dashboard file to import. dashboard: {'url', 'from_ms', 'to_ms'} or None."""
+    dashboard = dashboard or {}
+    url = dashboard.get("url") or ""
+    if url:
+        href = "%s%sfrom=%d&to=%d" % (url, "&" if "?" in url else "?", dashboard.get("from_ms", 0), dashboard.get("to_ms", 0))
+        return ("<p class=meta>Fleet dashboard during this run (KV cache, queues, TTFT/ITL, preemptions, gateway, Xid): "
+                "<a href='%s'>%s</a></p>" % (_esc(href), _esc(url)))
+    return ("<p class=meta>Fleet dashboard: import <code>%s</code> (uid <code>%s</code>) into Grafana with a Prometheus "
+            "data source, or pass its URL as <code>onprem_vllm_benchmark_dashboard_url</code> to link it here.</p>"
+            % (DASHBOARD_FILE, DASHBOARD_UID))
+
+
 def html_report(run, hosts, images):
-    """One self-contained HTML page. run: {'run_id', 'started', 'settings'}; images: {'name.png': bytes}."""
+    """One self-contained HTML page. run: {'run_id', 'started', 'settings', 'dashboard'}; images: {'name.png': bytes}."""
     settings = run.get("settings") or {}
     plots = "".join("<img alt='%s' src='data:image/png;base64,%s'>" % (_esc(name), base64.b64encode(data).decode())
                     for name, data in sorted(images.items()))
@@ -351,12 +369,13 @@ def html_report(run, hosts, images):
 <body>
 <h1>vLLM benchmark — run %(run)s</h1>
 <p class=meta>started %(started)s · %(n)d host(s) · results %(status)s · onprem.vllm</p>
+%(dashboard)s
 <div class=plots>%(plots)s</div>
 <h2>Load</h2><table>%(settings)s</table>
 %(hosts)s
 </body></html>
 """ % {"run": _esc(run.get("run_id")), "css": _CSS, "started": _esc(run.get("started")), "n": len(hosts),
-       "status": status, "plots": plots, "settings": setting_rows,
+       "status": status, "plots": plots, "settings": setting_rows, "dashboard": dashboard_link(run.get("dashboard")),
        "hosts": "\n".join(host_section(h) for h in hosts)}
 
 

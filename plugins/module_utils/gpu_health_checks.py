@@ -63,10 +63,10 @@ SEVERITY_ORDER = {"info": 0, "warn": 1, "block": 2}
 
 # "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 # older drivers: "NVRM: Xid (0000:01:00): 13, Graphics Exception: ..."
-_XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\):\s*"
-    r"(?P<code>\d+)\s*,\s*(?P<msg>.*)$"
-)
+# Public reports often redact the bus id ("NVRM: Xid (PCI:...): 79, ..."): whatever is in the parentheses, the line
+# still counts with its code; the bus id is then None (unknown GPU).
+_XID_RE = re.compile(r"NVRM: Xid \((?P<bus>[^)]*)\):\s*(?P<code>\d+)\s*,\s*(?P<msg>.*)$")
+_XID_BUS_RE = re.compile(r"^(?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)$")
 
 
 def xid_severity(code, table=None):
@@ -78,7 +78,11 @@ def xid_severity(code, table=None):
 
 
 def _pci_from_xid(bus):
-    parts = bus.split(":")
+    """dddd:bb:dd.f from the driver's bus id, or None when it is redacted or in a form not known here."""
+    match = _XID_BUS_RE.match(bus.strip())
+    if not match:
+        return None
+    parts = match.group("bus").split(":")
     domain = int(parts[0], 16)
     rest = ":".join(parts[1:])
     if "." not in rest:
@@ -121,13 +125,15 @@ def summarize_xids(events, gpu_bus_ids=None):
     blocking, warnings = [], []
     seen = set()
     for event in events:
-        if wanted is not None and event["pci_bus_id"] not in wanted:
+        # An event without a bus id (redacted, unfamiliar form) may be on any GPU: it always counts.
+        if wanted is not None and event["pci_bus_id"] is not None and event["pci_bus_id"] not in wanted:
             continue
         key = (event["code"], event["pci_bus_id"])
         if key in seen:
             continue
         seen.add(key)
-        text = "Xid %d on GPU %s: %s (log: %s)" % (event["code"], event["pci_bus_id"], event["description"], event["message"][:160])
+        text = "Xid %d on GPU %s: %s (log: %s)" % (event["code"], event["pci_bus_id"] or "(unknown bus id)",
+                                                   event["description"], event["message"][:160])
         if event["severity"] == "block":
             blocking.append(text)
         elif event["severity"] == "warn":

@@ -102,6 +102,13 @@ options:
     description: Name of the run, shown in the report.
     type: str
     default: ""
+  dashboard_url:
+    description:
+      - URL of the fleet's Grafana dashboard (roles/monitoring/files/grafana/onprem-vllm-fleet.json imported, uid
+        C(onprem-vllm-fleet)), e.g. C(https://grafana.example.org/d/onprem-vllm-fleet). The report links to it at the
+        run's time range. Empty - the report names the dashboard file to import.
+    type: str
+    default: ""
   baseline_dir:
     description: Folder of saved baselines, one C(<host>.json) per host; empty disables the regression gate.
     type: path
@@ -290,6 +297,7 @@ def main():
             validate_certs=dict(type="bool", default=True),
             results_dir=dict(type="path", required=True),
             run_id=dict(type="str", default=""),
+            dashboard_url=dict(type="str", default=""),
             baseline_dir=dict(type="path", default=""),
             save_baseline=dict(type="bool", default=False),
             max_throughput_drop_pct=dict(type="float", default=10),
@@ -326,7 +334,8 @@ def main():
     results_dir = params["results_dir"]
     os.makedirs(results_dir, exist_ok=True)
     run_id = params["run_id"] or os.path.basename(os.path.normpath(results_dir))
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    started_at = time.time()
+    started = datetime.datetime.fromtimestamp(started_at, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     settings = {
         "concurrency": levels, "requests_per_level": counts, "max_tokens": params["max_tokens"],
         "ignore_eos": params["ignore_eos"], "prompt": params["prompt"], "system_prompt": params["system_prompt"],
@@ -383,7 +392,9 @@ def main():
     images = bench_report.charts(hosts)
     for name, data in sorted(images.items()):
         _write(os.path.join(results_dir, name), data, files)
-    run = {"run_id": run_id, "started": started, "settings": settings}
+    run = {"run_id": run_id, "started": started, "settings": settings,
+           "dashboard": {"url": params["dashboard_url"], "from_ms": int(started_at * 1000),
+                         "to_ms": int(time.time() * 1000) + 1}}
     report = os.path.join(results_dir, "report.html")
     _write(report, bench_report.html_report(run, hosts, images), files)
     partial = any(h["partial"] for h in hosts)

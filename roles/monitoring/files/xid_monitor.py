@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""onprem.vllm Xid monitor: new NVIDIA Xid events in the kernel log → the journal (and optionally a webhook).
+"""onprem.vllm Xid monitor: new NVIDIA Xid events in the kernel log → the journal, metrics, and optionally a webhook.
 
 Run by onprem-vllm-xid-monitor.timer. The parser and the severity table are gpu_health's own
 (plugins/module_utils/gpu_health_checks.py, installed next to this file): one Xid parser in the codebase.
@@ -7,6 +7,10 @@ Run by onprem-vllm-xid-monitor.timer. The parser and the severity table are gpu_
 Sources: the kernel journal (`journalctl -k`, from a saved cursor) and any extra files given with --log-file (from a
 saved offset; e.g. /var/log/kern.log). Each new event is written to stdout with a syslog priority prefix (systemd puts
 it in the journal under this unit: block → crit, warn → warning, info → info) and appended as JSON to --event-log.
+
+A source that cannot be read makes the run exit 1 (systemd marks the unit failed) without moving its cursor, so the
+next run reads what this one missed. A webhook post that fails is kept in --spool and sent again, oldest first, by the
+next runs. With --textfile the run writes its result for node_exporter's textfile collector (the alert rules read it).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,29 +28,37 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_health_checks import parse_xid_events  # noqa: E402  pylint: disable=wrong-import-position
 
 PRIORITY = {"block": 2, "warn": 4, "info": 6}
+SEVERITIES = ("block", "warn", "info")
 
 
-def load_state(path):
+def load_json(path, default):
     try:
         with open(path) as handle:
             return json.load(handle)
     except (OSError, ValueError):
-        return {}
+        return default
 
 
-def save_state(path, state):
+def write_atomic(path, text):
     tmp = path + ".tmp"
     with open(tmp, "w") as handle:
-        json.dump(state, handle)
+        handle.write(text)
     os.replace(tmp, path)
 
 
 def read_journal(cursor):
     cmd = ["journalctl", "-k", "-o", "short-iso", "--no-pager", "--show-cursor"]
     cmd += ["--after-cursor", cursor] if cursor else ["-b"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return "", cursor, "journalctl could not run: %s" % exc
+    # systemd 252's journalctl exits 1 when nothing matches ("-- No entries --" on stdout, nothing on stderr), e.g.
+    # no kernel line since the cursor: not a failure.
+    if proc.returncode == 1 and proc.stdout.strip() == "-- No entries --" and not proc.stderr.strip():
+        return "", cursor, None
     if proc.returncode != 0:
-        return "", cursor, "journalctl -k failed: %s" % proc.stderr.strip()[-200:]
+        return "", cursor, "journalctl -k failed (exit %d): %s" % (proc.returncode, proc.stderr.strip()[-200:])
     lines, new_cursor = [], cursor
     for line in proc.stdout.splitlines():
         if line.startswith("-- cursor: "):
@@ -56,71 +69,141 @@ def read_journal(cursor):
 
 
 def read_file(path, offset):
+    """(text, new offset, error). A missing file is not an error (rsyslog may not have written it yet)."""
     try:
         size = os.path.getsize(path)
-    except OSError:
-        return "", 0
+    except FileNotFoundError:
+        return "", 0, None
+    except OSError as exc:
+        return "", offset, "%s: %s" % (path, exc)
     if size < offset:  # rotated or truncated: start over
         offset = 0
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read()
-    return data.decode("utf-8", "replace"), offset + len(data)
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError as exc:
+        return "", offset, "%s: %s" % (path, exc)
+    return data.decode("utf-8", "replace"), offset + len(data), None
 
 
-def post_webhook(url, host, events, timeout=10):
-    parts = ["Xid %d (%s) on GPU %s: %s" % (e["code"], e["severity"], e["pci_bus_id"], e["description"])
+def webhook_payload(host, events):
+    parts = ["Xid %d (%s) on GPU %s: %s" % (e["code"], e["severity"], e["pci_bus_id"] or "(unknown bus id)", e["description"])
              for e in events]
-    text = "%s: %s" % (host, "; ".join(parts))
-    body = json.dumps({"text": text, "host": host, "events": events}).encode()
+    return {"text": "%s: %s" % (host, "; ".join(parts)), "host": host, "events": events}
+
+
+def post_webhook(url, payload, timeout=10):
+    body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (operator-given URL)
         return response.status
+
+
+def deliver(url, spool_path, payload):
+    """Send the spooled payloads, oldest first, then this run's; keep what could not be sent. Returns how many are kept."""
+    pending = load_json(spool_path, [])
+    if payload is not None:
+        pending.append(payload)
+    sent = 0
+    for index, item in enumerate(pending):
+        try:
+            post_webhook(url, item)
+        except Exception as exc:  # pylint: disable=broad-except
+            print("<4>xid-monitor: webhook failed, %d alert(s) kept for the next run: %s" % (len(pending) - index, exc))
+            break
+        sent += 1
+    kept = pending[sent:]
+    if kept or os.path.exists(spool_path):
+        write_atomic(spool_path, json.dumps(kept))
+    return len(kept)
+
+
+def metrics_text(state, ok, spooled, now):
+    lines = [
+        "# HELP onprem_vllm_xid_monitor_last_run_success 1 when the last run read every kernel log source.",
+        "# TYPE onprem_vllm_xid_monitor_last_run_success gauge",
+        "onprem_vllm_xid_monitor_last_run_success %d" % (1 if ok else 0),
+        "# HELP onprem_vllm_xid_monitor_last_run_timestamp_seconds When the monitor last ran.",
+        "# TYPE onprem_vllm_xid_monitor_last_run_timestamp_seconds gauge",
+        "onprem_vllm_xid_monitor_last_run_timestamp_seconds %d" % now,
+        "# HELP onprem_vllm_xid_monitor_last_success_timestamp_seconds When a run last read every source.",
+        "# TYPE onprem_vllm_xid_monitor_last_success_timestamp_seconds gauge",
+        "onprem_vllm_xid_monitor_last_success_timestamp_seconds %d" % state.get("last_success", 0),
+        "# HELP onprem_vllm_xid_webhook_spooled Xid alerts whose webhook post failed, waiting to be sent again.",
+        "# TYPE onprem_vllm_xid_webhook_spooled gauge",
+        "onprem_vllm_xid_webhook_spooled %d" % spooled,
+        "# HELP onprem_vllm_xid_events_total Xid events seen, by gpu_health's severity (xid_severity).",
+        "# TYPE onprem_vllm_xid_events_total counter",
+    ]
+    counts = state.get("counts", {})
+    lines += ['onprem_vllm_xid_events_total{xid_severity="%s"} %d' % (s, counts.get(s, 0)) for s in SEVERITIES]
+    lines += [
+        "# HELP onprem_vllm_xid_last_event_timestamp_seconds When the monitor last saw this Xid code on this GPU.",
+        "# TYPE onprem_vllm_xid_last_event_timestamp_seconds gauge",
+    ]
+    for key, seen in sorted(state.get("last_seen", {}).items()):
+        code, bus, severity = key.split("|")
+        lines.append('onprem_vllm_xid_last_event_timestamp_seconds{code="%s",pci_bus_id="%s",xid_severity="%s"} %d'
+                     % (code, bus, severity, seen))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state", default="/var/lib/onprem-vllm/xid-monitor.json")
     parser.add_argument("--event-log", default="/var/log/onprem-vllm/xid-events.log")
+    parser.add_argument("--spool", default="/var/lib/onprem-vllm/xid-webhook-spool.json")
+    parser.add_argument("--textfile", default="", help="node_exporter textfile (.prom) to write the result to")
     parser.add_argument("--log-file", action="append", default=[])
     parser.add_argument("--ignore", action="append", type=int, default=[])
     parser.add_argument("--no-journal", action="store_true", help="do not read the kernel journal")
     args = parser.parse_args(argv)
     webhook = os.environ.get("XID_WEBHOOK_URL", "").strip()
     host = socket.gethostname()
+    now = int(time.time())
 
-    state = load_state(args.state)
-    texts = []
+    state = load_json(args.state, {})
+    texts, errors = [], []
     if not args.no_journal:
-        text, cursor, error = read_journal(state.get("cursor"))
-        if error:
-            print("<4>xid-monitor: %s" % error)
+        text, state["cursor"], error = read_journal(state.get("cursor"))
         texts.append(text)
-        state["cursor"] = cursor
+        errors += [error] if error else []
     offsets = state.setdefault("offsets", {})
     for path in args.log_file:
-        text, offsets[path] = read_file(path, int(offsets.get(path, 0)))
+        text, offsets[path], error = read_file(path, int(offsets.get(path, 0)))
         texts.append(text)
+        errors += [error] if error else []
 
     events = parse_xid_events("\n".join(texts), ignore=args.ignore)
+    counts, last_seen = state.setdefault("counts", {}), state.setdefault("last_seen", {})
     for event in events:
         print("<%d>Xid %d on GPU %s severity=%s: %s (log: %s)" % (
-            PRIORITY.get(event["severity"], 4), event["code"], event["pci_bus_id"], event["severity"],
-            event["description"], event["message"][:200]))
+            PRIORITY.get(event["severity"], 4), event["code"], event["pci_bus_id"] or "(unknown bus id)",
+            event["severity"], event["description"], event["message"][:200]))
+        counts[event["severity"]] = counts.get(event["severity"], 0) + 1
+        last_seen["%d|%s|%s" % (event["code"], event["pci_bus_id"] or "unknown", event["severity"])] = now
     if events:
         os.makedirs(os.path.dirname(args.event_log), exist_ok=True)
         with open(args.event_log, "a") as handle:
             for event in events:
                 handle.write(json.dumps(dict(event, host=host), sort_keys=True) + "\n")
-        if webhook:
-            try:
-                post_webhook(webhook, host, events)
-            except Exception as exc:  # pylint: disable=broad-except
-                print("<4>xid-monitor: webhook failed: %s" % exc)
-    else:
+    elif not errors:
         print("<7>xid-monitor: no new Xid events")
-    save_state(args.state, state)
-    return 0
+    spooled = 0
+    if webhook:
+        spooled = deliver(webhook, args.spool, webhook_payload(host, events) if events else None)
+    for error in errors:
+        print("<3>xid-monitor: cannot read the kernel log: %s" % error)
+    if not errors:
+        state["last_success"] = now
+    save_dir = os.path.dirname(args.state)
+    if save_dir:
+        os.makedirs(save_dir, exist_ok=True)
+    write_atomic(args.state, json.dumps(state))
+    if args.textfile:
+        write_atomic(args.textfile, metrics_text(state, not errors, spooled, now))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

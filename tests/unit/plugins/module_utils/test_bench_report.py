@@ -43,3 +43,18 @@ def test_html_is_self_contained_with_tables_meta_and_partial_mark():
     assert "v0.32.0" in page and "--max-num-seqs 16" in page and "kv_cache_tokens" in page
     assert "PARTIAL RESULTS" in page and "results PARTIAL" in page
     assert "<script" not in page
+
+
+def test_report_links_to_the_fleet_dashboard_at_the_run_time_range():
+    run = {"run_id": "r1", "started": "now", "settings": {},
+           "dashboard": {"url": "https://grafana.example.org/d/onprem-vllm-fleet", "from_ms": 1000, "to_ms": 2000}}
+    page = br.html_report(run, HOSTS, {})
+    assert "<a href='https://grafana.example.org/d/onprem-vllm-fleet?from=1000&amp;to=2000'>" in page
+
+
+def test_report_without_a_dashboard_url_names_the_file_to_import():
+    page = br.html_report({"run_id": "r1", "started": "now", "settings": {}}, HOSTS, {})
+    assert "import <code>roles/monitoring/files/grafana/onprem-vllm-fleet.json</code>" in page
+    import os
+    root = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+    assert os.path.exists(os.path.join(root, br.DASHBOARD_FILE))

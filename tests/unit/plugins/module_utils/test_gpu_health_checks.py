@@ -66,6 +66,26 @@ def test_ignore_and_clean_log():
     assert 31 not in [e["code"] for e in events] and 13 not in [e["code"] for e in events]
 
 
+def test_redacted_bus_id_still_counts_with_its_code():
+    events = checks.parse_xid_events(read_log("xid-redacted.log"))
+    assert [e["code"] for e in events] == [79, 154, 74, 145]
+    assert all(e["pci_bus_id"] is None for e in events)
+    assert events[0]["severity"] == "block" and events[0]["message"] == "GPU has fallen off the bus."
+    assert events[3]["log_prefix"] == "[ 8123.551204]"
+
+
+@pytest.mark.parametrize("bus", ["PCI:...", "", "PCI:gpu0", "GPU-6a2c9e6e", "PCI:0000:01"])
+def test_unfamiliar_bus_forms_count_without_a_bus_id(bus):
+    event = checks.parse_xid_line("kernel: NVRM: Xid (%s): 48, pid=1, name=python3, DBE" % bus)
+    assert event["code"] == 48 and event["severity"] == "block" and event["pci_bus_id"] is None
+
+
+def test_event_without_bus_id_counts_for_any_gpu():
+    events = checks.parse_xid_events(read_log("xid-redacted.log"))
+    blocking = checks.summarize_xids(events, ["0000:cb:00.0"])[0]
+    assert any(b.startswith("Xid 79 on GPU (unknown bus id)") for b in blocking)
+
+
 def test_comment_lines_are_not_events():
     assert checks.parse_xid_line("# CONSTRUCTED lines (not captured anywhere): the driver's line format") is None
 

@@ -1,0 +1,147 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Xid monitor as systemd runs it: the installed pair of files (monitor + gpu_health's parser) in one folder,
+run as a process. journalctl is a stand-in on PATH (the test host's journal is not the point); the webhook is a real
+local HTTP server."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+XID_79 = "Nov 29 09:00:00 ws1 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+XID_REDACTED = "Nov 29 09:00:01 ws1 kernel: NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 01"
+
+
+@pytest.fixture
+def monitor(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(os.path.join(ROOT, "roles", "monitoring", "files", "xid_monitor.py"), lib)
+    shutil.copy(os.path.join(ROOT, "plugins", "module_utils", "gpu_health_checks.py"), lib)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+
+    def journalctl(script):
+        path = bindir / "journalctl"
+        path.write_text("#!/bin/sh\n" + script + "\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+    def run(*extra, webhook="", search_path=None):
+        path = str(bindir) if search_path == "stand-in only" else "%s:%s" % (bindir, os.environ["PATH"])
+        env = dict(os.environ, PATH=path, XID_WEBHOOK_URL=webhook)
+        argv = [sys.executable, str(lib / "xid_monitor.py"), "--state", str(tmp_path / "state.json"),
+                "--event-log", str(tmp_path / "events.log"), "--spool", str(tmp_path / "spool.json"),
+                "--textfile", str(tmp_path / "xid.prom"), "--log-file", str(tmp_path / "kern.log")] + list(extra)
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=60)
+
+    journalctl("echo '-- cursor: s=1'")
+    return run, journalctl, tmp_path
+
+
+class Sink(http.server.BaseHTTPRequestHandler):
+    received = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        Sink.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def sink():
+    Sink.received = []
+    server = http.server.HTTPServer(("127.0.0.1", 0), Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield "http://127.0.0.1:%d/xid" % server.server_address[1], Sink.received
+    server.shutdown()
+
+
+def metrics(tmp_path):
+    out = {}
+    for line in (tmp_path / "xid.prom").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_a_journal_that_cannot_be_read_fails_the_run_and_keeps_the_cursor(monitor):
+    run, journalctl, tmp_path = monitor
+    assert run().returncode == 0
+    assert json.loads((tmp_path / "state.json").read_text())["cursor"] == "s=1"
+    journalctl("echo 'Failed to open journal: Permission denied' >&2; exit 1")
+    (tmp_path / "kern.log").write_text(XID_79 + "\n")
+    proc = run()
+    assert proc.returncode == 1
+    assert "<3>xid-monitor: cannot read the kernel log: journalctl -k failed (exit 1): Failed to open journal" in proc.stdout
+    assert "Xid 79 on GPU 0000:01:00.0 severity=block" in proc.stdout  # the readable file still counts
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["cursor"] == "s=1"
+    m = metrics(tmp_path)
+    assert m["onprem_vllm_xid_monitor_last_run_success"] == 0
+    assert m["onprem_vllm_xid_monitor_last_success_timestamp_seconds"] < m["onprem_vllm_xid_monitor_last_run_timestamp_seconds"] + 1
+    journalctl("echo '-- cursor: s=2'")
+    assert run().returncode == 0
+    assert metrics(tmp_path)["onprem_vllm_xid_monitor_last_run_success"] == 1
+
+
+def test_no_new_kernel_lines_is_not_a_failure(monitor):
+    run, journalctl, tmp_path = monitor
+    assert run().returncode == 0
+    # What systemd 252 (Debian 12) prints and returns when nothing follows the cursor (seen on a lab host).
+    journalctl("echo '-- No entries --'; exit 1")
+    proc = run()
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads((tmp_path / "state.json").read_text())["cursor"] == "s=1"
+    assert metrics(tmp_path)["onprem_vllm_xid_monitor_last_run_success"] == 1
+
+
+def test_journalctl_that_cannot_run_fails_the_run(monitor):
+    run, tmp_path = monitor[0], monitor[2]
+    os.remove(tmp_path / "bin" / "journalctl")
+    proc = run(search_path="stand-in only")  # no journalctl on PATH at all
+    assert proc.returncode == 1 and "journalctl could not run" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_metrics_count_events_and_label_the_code(monitor):
+    run, tmp_path = monitor[0], monitor[2]
+    (tmp_path / "kern.log").write_text(XID_79 + "\n" + XID_REDACTED + "\n")
+    assert run().returncode == 0
+    m = metrics(tmp_path)
+    assert m['onprem_vllm_xid_events_total{xid_severity="block"}'] == 1
+    assert m['onprem_vllm_xid_events_total{xid_severity="warn"}'] == 1
+    assert m['onprem_vllm_xid_events_total{xid_severity="info"}'] == 0
+    assert 'onprem_vllm_xid_last_event_timestamp_seconds{code="79",pci_bus_id="0000:01:00.0",xid_severity="block"}' in m
+    assert 'onprem_vllm_xid_last_event_timestamp_seconds{code="145",pci_bus_id="unknown",xid_severity="warn"}' in m
+    assert run().returncode == 0  # nothing new: counts stay
+    assert metrics(tmp_path)['onprem_vllm_xid_events_total{xid_severity="block"}'] == 1
+
+
+def test_a_failed_webhook_post_is_sent_again_by_the_next_run(monitor, sink):
+    run, tmp_path = monitor[0], monitor[2]
+    url, received = sink
+    (tmp_path / "kern.log").write_text(XID_79 + "\n")
+    proc = run(webhook="http://127.0.0.1:9/unreachable")
+    assert proc.returncode == 0 and "webhook failed, 1 alert(s) kept for the next run" in proc.stdout
+    assert metrics(tmp_path)["onprem_vllm_xid_webhook_spooled"] == 1
+    with open(tmp_path / "kern.log", "a") as handle:
+        handle.write(XID_REDACTED + "\n")
+    assert run(webhook=url).returncode == 0
+    assert [[e["code"] for e in r["events"]] for r in received] == [[79], [145]]  # oldest first
+    assert received[1]["text"].endswith("Xid 145 (warn) on GPU (unknown bus id): " + received[1]["events"][0]["description"])
+    assert json.loads((tmp_path / "spool.json").read_text()) == []
+    assert metrics(tmp_path)["onprem_vllm_xid_webhook_spooled"] == 0
+    assert run(webhook=url).returncode == 0
+    assert len(received) == 2  # nothing sent twice
