@@ -549,3 +549,32 @@ def test_first_releases_with_the_flag_are_accepted():
     assert run("Qwen3-8B", gpu_memory_bytes=H200_BYTES, vllm_version="0.10.2", kv_cache_memory="auto",
                max_model_len=32768).kv_cache_memory_bytes
     assert run("tiny-qwen3", device="cpu", vllm_version="0.20.0", kv_cache_memory=GIB).kv_cache_memory_bytes == GIB
+
+
+# --- vLLM 0.26.0 with --kv-cache-memory-bytes on the H200 (benchmarks/data/kv-h200-vllm0.26-kv-bytes-2026-12-01) ----
+# A pinned pool is what vLLM allocates: the plan's tokens for those bytes are vLLM's logged tokens, whatever the
+# utilization, and a pool too large for the GPU (vLLM only fails with a CUDA OOM while allocating it) is refused.
+H200_KV_BYTES = os.path.join(ROOT, "benchmarks", "data", "kv-h200-vllm0.26-kv-bytes-2026-12-01")
+H200_KV_BYTES_RUNS = [  # id, model-configs dir, utilization, pool bytes, allocated by vLLM
+    ("q8b-kvb100g-32k-eager", "Qwen3-8B", 0.9, 100 * GIB, True),
+    ("q8b-u030-kvb60g-32k-eager", "Qwen3-8B", 0.3, 60 * GIB, True),
+    ("q30moe-fp8-kvb80g-32k-eager", "Qwen3-30B-A3B-FP8", 0.9, 80 * GIB, True),
+    ("q8b-kvb130g-32k-eager", "Qwen3-8B", 0.9, 130 * GIB, False),
+]
+
+
+@pytest.mark.parametrize("run_id,model,util,pool,allocated", H200_KV_BYTES_RUNS, ids=[r[0] for r in H200_KV_BYTES_RUNS])
+def test_h200_pinned_pool_tokens_are_vllms(run_id, model, util, pool, allocated):
+    with open(os.path.join(H200_KV_BYTES, run_id + ".log"), "r", encoding="utf-8", errors="replace") as handle:
+        log = handle.read()
+    assert "--kv-cache-memory-bytes %d" % pool in log.splitlines()[1]  # the recorded command
+    run = {"config": os.path.join("benchmarks", "gpu_compare", "model-configs", model, "config.json"), "model": model,
+           "logged": {"total_memory_gib": 139.8}, "gpu_memory_utilization": util, "max_model_len": 32768,
+           "kv_cache_dtype": "auto", "enforce_eager": True}
+    result = kc.plan(BENCH.h200_request(run, weights_from_log=False, kv_cache_memory=str(pool)))
+    if allocated:
+        assert result.fits and result.kv_cache_memory_bytes == pool
+        assert result.kv_cache_tokens == kc.logged_kv_cache_tokens(log)["tokens"]
+    else:
+        assert "torch.OutOfMemoryError" in log
+        assert not result.fits and any("kv_cache_memory" in reason for reason in result.reasons)
