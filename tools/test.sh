@@ -11,7 +11,7 @@ export PATH=$PWD/.venv/bin:$PATH
 scenarios=(${MOLECULE_SCENARIOS:?the Makefile names the scenarios: run make test})
 declare -A budget=([venv]=600 [lint]=300 [sanity]=420 [unit]=600 [lab-artifacts]=1200
                    [molecule-default]=420 [molecule-gpu_stack]=720 [molecule-gpu_workstation]=900
-                   [molecule-vllm_server]=1200 [molecule-fleet]=3000)
+                   [molecule-vllm_server]=1200 [molecule-fleet]=3600)
 t0=$(date +%s)
 summary=()
 run() {  # run STAGE COMMAND...: one timed stage, its time kept for the summary

@@ -17,13 +17,15 @@ def _stat(host):
     return host.check_output(cmd)
 
 
-def test_gateway_files_are_root_only(host):
+def test_gateway_files_are_readable_by_haproxy_only(host):
+    """Root owns the configuration; HAProxy (group 99, upstream's image user) reads it; nobody else can."""
     if host.backend.get_hostname() != "fleet-gw":
         return
     for path in ("/etc/onprem-gateway/haproxy.cfg", "/etc/onprem-gateway/clients.map"):
         f = host.file(path)
-        assert f.user == "root" and f.mode == 0o600, path
-    assert host.file("/etc/onprem-gateway").mode == 0o700
+        assert (f.user, f.gid, f.mode) == ("root", 99, 0o640), path
+    d = host.file("/etc/onprem-gateway")
+    assert (d.user, d.gid, d.mode) == ("root", 99, 0o750)
 
 
 def test_gateway_serves_every_host_again(host):
