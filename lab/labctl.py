@@ -36,7 +36,7 @@ BASE_PACKAGES = [
     "python3", "python3-apt", "systemd", "systemd-sysv", "dbus", "sudo", "iproute2", "ca-certificates",
     "gnupg", "curl", "procps", "kmod", "iptables",
 ]
-# Everything but SYS_RESOURCE: `--privileged` and `--cap-add ALL` are refused on these machines (lab-facts.md),
+# Everything but SYS_RESOURCE: `--privileged` and `--cap-add ALL` are refused on the CI machines,
 # and Docker 20.10 rejects the names BPF, CHECKPOINT_RESTORE and PERFMON.
 CAPABILITIES = (
     "AUDIT_CONTROL AUDIT_READ AUDIT_WRITE BLOCK_SUSPEND CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID IPC_LOCK "

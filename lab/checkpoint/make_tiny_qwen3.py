@@ -10,7 +10,7 @@ Writes a flat folder of files (config.json, generation_config.json, model.safete
 tokenizer_config.json). lab/build_artifacts.py lays them out as a Hugging Face cache repo (blobs/snapshots/refs).
 Same recipe + same image -> same bytes (checked by generating twice).
 
-The shape follows what vLLM's CPU build accepts (lab-facts.md): head_dim 64 (CPU attention rejects 16).
+The shape follows what vLLM's CPU build accepts: head_dim 64 (CPU attention rejects 16).
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def fake_runner(case):
     return run
 
 
-# ---------- the real H200 output (../shared/fixtures/gpu/h200-x1, copied as-is) ----------
+# ---------- the real H200 output (tests/unit/fixtures/gpu/h200-x1, see its SOURCE.md) ----------
 
 def test_h200_query_xml_real():
     header, gpus = gpu_smi.parse_query_xml(read("h200-x1", "nvidia-smi-q.xml"))
