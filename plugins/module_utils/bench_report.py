@@ -235,7 +235,9 @@ def html_report(run, hosts, plots):
     drawn in CHARTS order."""
     settings = run.get("settings") or {}
     plots = "".join("<div class=plot id='plot-%s'>%s</div>" % (_esc(stem), plots[stem])
-                    for stem, title, y_label, key in CHARTS if stem in plots)
+                    for stem, title, y_label, key in CHARTS if stem in plots) or (
+        "<p class=meta>No charts in this report (vllm_benchmark ran with charts=false); the tables hold every "
+        "measured value.</p>")
     status = "PARTIAL" if any(h.get("partial") for h in hosts) else "complete"
     setting_rows = "".join("<tr><th class=l>%s</th><td class=l>%s</td></tr>" % (_esc(k), _esc(v))
                            for k, v in sorted(settings.items()))

@@ -16,8 +16,9 @@ description:
     the operator is. The load generator is standard library only (asyncio, raw HTTP/1.1); the charts are drawn
     with matplotlib.
   - Writes into O(results_dir) a JSON and a CSV file per host, C(throughput.png) and C(ttft_p99.png) (one line per
-    host), C(summary.json) and one self-contained C(report.html) (the same charts inlined as SVG, a table per host,
-    vLLM version, model, flags and KV-cache prediction beside the measured numbers; no script, no network).
+    host; not with O(charts=false)), C(summary.json) and one self-contained C(report.html) (the same charts inlined
+    as SVG, a table per host, vLLM version, model, flags and KV-cache prediction beside the measured numbers; no
+    script, no network).
   - Results are always written, also when requests fail; they are then marked C(partial) and the module fails with
     the reason (unless O(fail_on_errors=false)). A host that answers no request at a level is not loaded further.
   - With O(baseline_dir), each host's levels are compared to its saved baseline; a drop of output throughput or a
@@ -25,7 +26,7 @@ description:
   - While it runs, a progress line is written to the controlling terminal when there is one, and every event to
     C(progress.log) in O(results_dir).
 requirements:
-  - matplotlib (on the machine running the module, the control node)
+  - matplotlib, on the machine running the module (the control node), unless O(charts=false)
 options:
   targets:
     description: The servers to load.
@@ -105,6 +106,12 @@ options:
     description: Name of the run, shown in the report.
     type: str
     default: ""
+  charts:
+    description:
+      - Draw the charts with matplotlib. V(false) writes every other file and a report of tables only, and needs no
+        matplotlib (the rollout's benchmark gate runs the module on the GPU host, whose Python has no matplotlib).
+    type: bool
+    default: true
   dashboard_url:
     description:
       - URL of the fleet's Grafana dashboard (roles/monitoring/files/grafana/onprem-vllm-fleet.json imported, uid
@@ -300,6 +307,7 @@ def main():
             validate_certs=dict(type="bool", default=True),
             results_dir=dict(type="path", required=True),
             run_id=dict(type="str", default=""),
+            charts=dict(type="bool", default=True),
             dashboard_url=dict(type="str", default=""),
             baseline_dir=dict(type="path", default=""),
             save_baseline=dict(type="bool", default=False),
@@ -310,10 +318,10 @@ def main():
         ),
         supports_check_mode=True,
     )
-    if not bench_report.HAS_MATPLOTLIB:
+    params = module.params
+    if params["charts"] and not bench_report.HAS_MATPLOTLIB:
         # Before any load: a sweep can take half an hour, its report must not fail at the end.
         module.fail_json(msg=missing_required_lib("matplotlib"), exception=bench_report.MATPLOTLIB_IMPORT_ERROR)
-    params = module.params
     try:
         levels = check_concurrency(params["concurrency"])
         check_positive("max_tokens", params["max_tokens"], 1000000)
@@ -395,7 +403,7 @@ def main():
     finally:
         progress.close()
 
-    figures = bench_report.charts(hosts)
+    figures = bench_report.charts(hosts) if params["charts"] else {}
     for stem, figure in sorted(figures.items()):
         _write(os.path.join(results_dir, stem + ".png"), bench_report.png(figure), files)
     run = {"run_id": run_id, "started": started, "settings": settings,

@@ -85,12 +85,20 @@ def test_unreachable_host_fails_clearly_other_hosts_still_measured(server, tmp_p
     assert hosts["down"]["partial"] and not hosts["ws1"]["partial"] and hosts["ws1"]["levels"][0]["successful"] == 2
 
 
-def test_without_matplotlib_it_says_what_to_install_before_any_load(server, tmp_path):
-    # A matplotlib that cannot be imported, first on the module's path: the controller venv without the package.
+def test_without_matplotlib_it_says_what_to_install_before_any_load_unless_charts_are_off(server, tmp_path):
+    # A matplotlib that cannot be imported, first on the module's path: a Python without the package.
     fake = tmp_path / "site" / "matplotlib"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib (test)')\n")
-    out = run({"targets": [target(server.url)], "concurrency": [1], "results_dir": str(tmp_path / "r")},
-              PYTHONPATH=str(tmp_path / "site"))
+    args = {"targets": [target(server.url)], "concurrency": [1], "num_requests": 2, "max_tokens": 4,
+            "progress": False}
+    out = run(dict(args, results_dir=str(tmp_path / "r")), PYTHONPATH=str(tmp_path / "site"))
     assert out["failed"] and "Failed to import the required Python library (matplotlib)" in out["msg"]
     assert not os.path.exists(tmp_path / "r") and server.connections == 0
+    # The rollout's benchmark gate (on the GPU host): no charts, no matplotlib needed, every other file.
+    out = run(dict(args, results_dir=str(tmp_path / "gate"), charts=False), PYTHONPATH=str(tmp_path / "site"))
+    assert not out.get("failed"), out.get("msg")
+    assert sorted(os.listdir(tmp_path / "gate")) == ["progress.log", "report.html", "summary.json", "ws1.csv",
+                                                      "ws1.json"]
+    page = (tmp_path / "gate" / "report.html").read_text()
+    assert "<svg" not in page and "charts=false" in page and out["hosts"][0]["levels"][0]["successful"] == 2
