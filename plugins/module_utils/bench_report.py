@@ -55,8 +55,8 @@ class ChartError(Exception):
 
 def _require_matplotlib():
     if not HAS_MATPLOTLIB:
-        raise ChartError("the benchmark report's charts need matplotlib on the control node (pip install -r "
-                         "requirements.txt, or pip install matplotlib): %s" % MATPLOTLIB_IMPORT_ERROR.splitlines()[-1])
+        raise ChartError("the benchmark report's charts need matplotlib in the Python that builds the report, on the "
+                         "control node (pip install matplotlib): %s" % MATPLOTLIB_IMPORT_ERROR.splitlines()[-1])
 
 
 def hex_color(rgb):
@@ -65,6 +65,11 @@ def hex_color(rgb):
 
 def _safe_id(text):
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(text))
+
+
+def _tick_label(value, pos=None):
+    """1,500 / 12.5 / 0.25: thousands separated, no exponent, no trailing zeros."""
+    return "{:,.3f}".format(value).rstrip("0").rstrip(".")
 
 
 def line_chart(stem, title, y_label, series):
@@ -94,7 +99,7 @@ def line_chart(stem, title, y_label, series):
         axes.text(0.5, 0.5, "no level was measured", transform=axes.transAxes, ha="center", va="center",
                   fontsize=12, color="#555555")
     axes.set_ylim(bottom=0)
-    axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, pos: "{:,.6g}".format(value)))
+    axes.yaxis.set_major_formatter(ticker.FuncFormatter(_tick_label))
     axes.tick_params(labelsize=11)
     axes.grid(True, color="#dddddd", linewidth=0.8)
     axes.set_axisbelow(True)

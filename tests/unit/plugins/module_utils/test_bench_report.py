@@ -119,6 +119,12 @@ def test_without_matplotlib_the_module_imports_and_the_charts_say_what_to_instal
     bare = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bare)
     assert bare.HAS_MATPLOTLIB is False and "matplotlib" in bare.MATPLOTLIB_IMPORT_ERROR
-    with pytest.raises(bare.ChartError, match="need matplotlib on the control node"):
+    with pytest.raises(bare.ChartError, match="need matplotlib in the Python that builds the report"):
         bare.charts(HOSTS)
     assert "ws1" in bare.html_report({"run_id": "r1", "settings": {}}, HOSTS, {})  # the page itself needs no library
+
+
+@pytest.mark.parametrize("value,label", [(0, "0"), (0.25, "0.25"), (12.5, "12.5"), (1500, "1,500"),
+                                         (2000000, "2,000,000")])
+def test_y_tick_labels_read_as_plain_numbers(value, label):
+    assert br._tick_label(value) == label
