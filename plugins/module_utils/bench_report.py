@@ -259,4 +259,3 @@ def html_report(run, hosts, plots):
 """ % {"run": _esc(run.get("run_id")), "css": _CSS, "started": _esc(run.get("started")), "n": len(hosts),
        "status": status, "plots": plots, "settings": setting_rows, "dashboard": dashboard_link(run.get("dashboard")),
        "hosts": "\n".join(host_section(h) for h in hosts)}
-

@@ -98,7 +98,7 @@ def test_without_matplotlib_it_says_what_to_install_before_any_load_unless_chart
     # The rollout's benchmark gate (on the GPU host): no charts, no matplotlib needed, every other file.
     out = run(dict(args, results_dir=str(tmp_path / "gate"), charts=False), PYTHONPATH=str(tmp_path / "site"))
     assert not out.get("failed"), out.get("msg")
-    assert sorted(os.listdir(tmp_path / "gate")) == ["progress.log", "report.html", "summary.json", "ws1.csv",
-                                                      "ws1.json"]
+    files = ["progress.log", "report.html", "summary.json", "ws1.csv", "ws1.json"]
+    assert sorted(os.listdir(tmp_path / "gate")) == files
     page = (tmp_path / "gate" / "report.html").read_text()
     assert "<svg" not in page and "charts=false" in page and out["hosts"][0]["levels"][0]["successful"] == 2
