@@ -1,22 +1,31 @@
 # -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Benchmark results as files people read: CSV per host, PNG line charts, one self-contained HTML report.
+"""Benchmark results as files people read: CSV per host, line charts, one self-contained HTML report.
 
-Standard library only: the control node needs no matplotlib. The charts are drawn on an RGB raster (lines, markers,
-a 5x7 bitmap font scaled 2x) and encoded as PNG with zlib; the HTML embeds them as data: URIs, so the report is one
-file that opens anywhere (no network, no scripts).
+The charts are matplotlib figures (no pyplot, so no display is needed), saved as PNG files and inlined into the HTML as
+SVG, so the report is one file that opens anywhere (no network, no scripts). matplotlib is needed on the machine that
+builds the report only (the control node).
 """
 
 from __future__ import annotations
 
-import base64
 import csv
 import html
 import io
 import json
-import math
-import struct
-import zlib
+import re
+import traceback
+
+try:
+    import matplotlib
+    from matplotlib import ticker
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
+except ImportError:
+    HAS_MATPLOTLIB = False
+    MATPLOTLIB_IMPORT_ERROR = traceback.format_exc()
+else:
+    HAS_MATPLOTLIB = True
+    MATPLOTLIB_IMPORT_ERROR = None
 
 CSV_FIELDS = (
     "host", "concurrency", "requests", "successful", "failed", "duration_s", "output_tokens", "prompt_tokens_mean",
@@ -24,222 +33,106 @@ CSV_FIELDS = (
     "decode_tps_p50", "tpot_mean_ms", "itl_mean_ms", "latency_mean_ms", "latency_p99_ms", "errors",
 )
 
-# One color per host line (color-blind friendly: Okabe-Ito).
+# One color per host line (color-blind friendly: Okabe-Ito), as RGB so a screenshot check can look for it.
 PALETTE = ((0, 114, 178), (230, 159, 0), (0, 158, 115), (204, 121, 167), (86, 180, 233), (213, 94, 0),
            (240, 228, 66), (0, 0, 0))
 
-# 5x7 bitmap font, rows top to bottom, 1 = ink. Lower case letters are drawn as upper case.
-_FONT_ROWS = {
-    "0": "01110 10001 10011 10101 11001 10001 01110", "1": "00100 01100 00100 00100 00100 00100 01110",
-    "2": "01110 10001 00001 00010 00100 01000 11111", "3": "11111 00010 00100 00010 00001 10001 01110",
-    "4": "00010 00110 01010 10010 11111 00010 00010", "5": "11111 10000 11110 00001 00001 10001 01110",
-    "6": "00110 01000 10000 11110 10001 10001 01110", "7": "11111 00001 00010 00100 01000 01000 01000",
-    "8": "01110 10001 10001 01110 10001 10001 01110", "9": "01110 10001 10001 01111 00001 00010 01100",
-    "A": "01110 10001 10001 10001 11111 10001 10001", "B": "11110 10001 10001 11110 10001 10001 11110",
-    "C": "01110 10001 10000 10000 10000 10001 01110", "D": "11100 10010 10001 10001 10001 10010 11100",
-    "E": "11111 10000 10000 11110 10000 10000 11111", "F": "11111 10000 10000 11110 10000 10000 10000",
-    "G": "01110 10001 10000 10111 10001 10001 01111", "H": "10001 10001 10001 11111 10001 10001 10001",
-    "I": "01110 00100 00100 00100 00100 00100 01110", "J": "00111 00010 00010 00010 00010 10010 01100",
-    "K": "10001 10010 10100 11000 10100 10010 10001", "L": "10000 10000 10000 10000 10000 10000 11111",
-    "M": "10001 11011 10101 10101 10001 10001 10001", "N": "10001 10001 11001 10101 10011 10001 10001",
-    "O": "01110 10001 10001 10001 10001 10001 01110", "P": "11110 10001 10001 11110 10000 10000 10000",
-    "Q": "01110 10001 10001 10001 10101 10010 01101", "R": "11110 10001 10001 11110 10100 10010 10001",
-    "S": "01111 10000 10000 01110 00001 00001 11110", "T": "11111 00100 00100 00100 00100 00100 00100",
-    "U": "10001 10001 10001 10001 10001 10001 01110", "V": "10001 10001 10001 10001 10001 01010 00100",
-    "W": "10001 10001 10001 10101 10101 10101 01010", "X": "10001 10001 01010 00100 01010 10001 10001",
-    "Y": "10001 10001 10001 01010 00100 00100 00100", "Z": "11111 00001 00010 00100 01000 10000 11111",
-    " ": "00000 00000 00000 00000 00000 00000 00000", ".": "00000 00000 00000 00000 00000 01100 01100",
-    ",": "00000 00000 00000 00000 01100 00100 01000", ":": "00000 01100 01100 00000 01100 01100 00000",
-    "/": "00000 00001 00010 00100 01000 10000 00000", "-": "00000 00000 00000 11111 00000 00000 00000",
-    "(": "00010 00100 01000 01000 01000 00100 00010", ")": "01000 00100 00010 00010 00010 00100 01000",
-    "%": "11000 11001 00010 00100 01000 10011 00011", "_": "00000 00000 00000 00000 00000 00000 11111",
-    "=": "00000 00000 11111 00000 11111 00000 00000", "+": "00000 00100 00100 11111 00100 00100 00000",
-    "<": "00010 00100 01000 10000 01000 00100 00010", ">": "01000 00100 00010 00001 00010 00100 01000",
-    "?": "01110 10001 00001 00010 00100 00000 00100",
-}
-FONT = {char: rows.split() for char, rows in _FONT_ROWS.items()}
+# (file stem, title, y-axis label, level key): the report's charts, x = concurrency, one line per host.
+CHARTS = (
+    ("throughput", "Output throughput vs concurrency", "output throughput (tokens/s, all requests)",
+     "output_throughput"),
+    ("ttft_p99", "TTFT p99 vs concurrency", "p99 time to first token (ms)", "ttft_p99_ms"),
+)
+X_LABEL = "concurrent requests"
+
+# Deterministic SVG (same data, same bytes) and text kept as <text>, so the page stays searchable and small.
+_SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "onprem-vllm-report"}
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Raster + PNG
+class ChartError(Exception):
+    """The charts cannot be drawn (matplotlib is missing on the machine running the report)."""
 
 
-class Canvas:
-    """An RGB raster with just enough drawing for a line chart."""
-
-    def __init__(self, width, height, background=(255, 255, 255)):
-        self.width, self.height = int(width), int(height)
-        self.pixels = bytearray(bytes(background) * (self.width * self.height))
-
-    def set(self, x, y, color):
-        x, y = int(x), int(y)
-        if 0 <= x < self.width and 0 <= y < self.height:
-            idx = (y * self.width + x) * 3
-            self.pixels[idx:idx + 3] = bytes(color)
-
-    def get(self, x, y):
-        idx = (int(y) * self.width + int(x)) * 3
-        return tuple(self.pixels[idx:idx + 3])
-
-    def rect(self, x0, y0, x1, y1, color):
-        for y in range(int(y0), int(y1) + 1):
-            for x in range(int(x0), int(x1) + 1):
-                self.set(x, y, color)
-
-    def line(self, x0, y0, x1, y1, color, width=1):
-        x0, y0, x1, y1 = int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1))
-        dx, dy = abs(x1 - x0), -abs(y1 - y0)
-        sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
-        err = dx + dy
-        half = width // 2
-        while True:
-            if width <= 1:
-                self.set(x0, y0, color)
-            else:
-                self.rect(x0 - half, y0 - half, x0 - half + width - 1, y0 - half + width - 1, color)
-            if x0 == x1 and y0 == y1:
-                break
-            e2 = 2 * err
-            if e2 >= dy:
-                err += dy
-                x0 += sx
-            if e2 <= dx:
-                err += dx
-                y0 += sy
-
-    def dashed_hline(self, x0, x1, y, color, dash=4):
-        for x in range(int(x0), int(x1) + 1):
-            if (x // dash) % 2 == 0:
-                self.set(x, y, color)
-
-    def text(self, x, y, text, color=(0, 0, 0), scale=2):
-        """Draw text with its top-left corner at (x, y). Returns the width drawn."""
-        cursor = int(x)
-        for char in str(text):
-            rows = FONT.get(char) or FONT.get(char.upper()) or FONT["?"]
-            for row_idx, row in enumerate(rows):
-                for col_idx, bit in enumerate(row):
-                    if bit == "1":
-                        self.rect(cursor + col_idx * scale, y + row_idx * scale,
-                                  cursor + col_idx * scale + scale - 1, y + row_idx * scale + scale - 1, color)
-            cursor += 6 * scale
-        return cursor - int(x)
-
-    def text_vertical(self, x, y, text, color=(0, 0, 0), scale=2):
-        """Text rotated 90 degrees counter-clockwise, reading bottom to top, starting at (x, y) = bottom-left."""
-        cursor = int(y)
-        for char in str(text):
-            rows = FONT.get(char) or FONT.get(char.upper()) or FONT["?"]
-            for row_idx, row in enumerate(rows):
-                for col_idx, bit in enumerate(row):
-                    if bit == "1":
-                        px, py = x + row_idx * scale, cursor - col_idx * scale
-                        self.rect(px, py - scale + 1, px + scale - 1, py, color)
-            cursor -= 6 * scale
-
-    def png(self):
-        raw = bytearray()
-        stride = self.width * 3
-        for y in range(self.height):
-            raw.append(0)
-            raw += self.pixels[y * stride:(y + 1) * stride]
-
-        def chunk(kind, data):
-            return (struct.pack(">I", len(data)) + kind + data
-                    + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
-
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
-        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(raw), 9))
-                + chunk(b"IEND", b""))
+def _require_matplotlib():
+    if not HAS_MATPLOTLIB:
+        raise ChartError("the benchmark report's charts need matplotlib in the Python that builds the report, on the "
+                         "control node (pip install matplotlib): %s" % MATPLOTLIB_IMPORT_ERROR.splitlines()[-1])
 
 
-def text_width(text, scale=2):
-    return len(str(text)) * 6 * scale
+def hex_color(rgb):
+    return "#%02x%02x%02x" % tuple(rgb)
 
 
-def nice_ceiling(value):
-    """A round axis maximum >= value (1, 2, 2.5, 5 x 10^n)."""
-    if value is None or value <= 0:
-        return 1.0
-    exp = math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        top = step * 10 ** exp
-        if top >= value * 1.05:
-            return float(top)
-    return float(10 ** (exp + 1))
+def _safe_id(text):
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(text))
 
 
-def format_number(value):
-    if value is None:
-        return "-"
-    if abs(value) >= 100 or float(value).is_integer():
-        return "%d" % round(value)
-    if abs(value) >= 10:
-        return "%.1f" % value
-    return "%.2f" % value
+def _tick_label(value, pos=None):
+    """1,500 / 12.5 / 0.25: thousands separated, no exponent, no trailing zeros."""
+    return "{:,.3f}".format(value).rstrip("0").rstrip(".")
 
 
-def line_chart(title, x_label, y_label, series, width=900, height=500):
-    """series: [(name, [(x, y or None), ...])]. x values are placed at equal spacing (categorical), sorted.
-
-    Returns PNG bytes. A series with no value is listed in the legend as "(no data)".
-    """
-    canvas = Canvas(width, height)
-    xs = sorted({x for name, points in series for x, y in points})
-    ys = [y for name, points in series for x, y in points if y is not None]
-    top = nice_ceiling(max(ys) if ys else 0)
-    left, right, upper, lower = 110, width - 30, 60, height - 80
-    ink, grid = (40, 40, 40), (220, 220, 220)
-    canvas.text((width - text_width(title)) // 2, 16, title, ink)
-    # Grid and y ticks
-    ticks = 5
-    for idx in range(ticks + 1):
-        value = top * idx / ticks
-        y = lower - (lower - upper) * idx / ticks
-        if idx:
-            canvas.dashed_hline(left, right, int(y), grid)
-        label = format_number(value)
-        canvas.text(left - 10 - text_width(label), int(y) - 7, label, ink)
-    canvas.line(left, upper, left, lower, ink, 2)
-    canvas.line(left, lower, right, lower, ink, 2)
-    canvas.text_vertical(18, (upper + lower) // 2 + text_width(y_label) // 2, y_label, ink)
-    canvas.text((left + right - text_width(x_label)) // 2, height - 30, x_label, ink)
-
-    def x_pos(x):
-        if len(xs) <= 1:
-            return (left + right) / 2.0
-        return left + 40 + (right - left - 80) * xs.index(x) / (len(xs) - 1)
-
-    for x in xs:
-        px = x_pos(x)
-        canvas.line(px, lower, px, lower + 6, ink, 2)
-        label = format_number(x)
-        canvas.text(int(px) - text_width(label) // 2, lower + 12, label, ink)
-
-    def y_pos(y):
-        return lower - (lower - upper) * (y / top)
-
-    legend_y = upper + 8
+def line_chart(stem, title, y_label, series):
+    """A Figure: one line with markers per (name, [(x, y or None), ...]), x on a log2 axis ticked at the measured
+    levels (a sweep doubles its concurrency). A series without a value is listed in the legend as "(no data)"."""
+    _require_matplotlib()
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    xs = sorted({x for name, points in series for x, y in points if y is not None})
     for idx, (name, points) in enumerate(series):
-        color = PALETTE[idx % len(PALETTE)]
-        pts = [(x_pos(x), y_pos(y)) for x, y in sorted(points, key=lambda p: p[0]) if y is not None]
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-            canvas.line(x0, y0, x1, y1, color, 3)
-        for px, py in pts:
-            canvas.rect(px - 4, py - 4, px + 4, py + 4, color)
-        label = str(name) + ("" if pts else " (no data)")
-        canvas.rect(left + 16, legend_y + 3, left + 36, legend_y + 10, color)
-        canvas.text(left + 44, legend_y, label, ink)
-        legend_y += 22
-    return canvas.png()
+        measured = sorted((x, y) for x, y in points if y is not None)
+        axes.plot([x for x, y in measured], [y for x, y in measured], marker="o", markersize=6, linewidth=2.5,
+                  color=hex_color(PALETTE[idx % len(PALETTE)]), gid="%s-host-%s" % (stem, _safe_id(name)),
+                  label=str(name) + ("" if measured else " (no data)"))
+    axes.set_title(title, fontsize=14, fontweight="bold")
+    axes.set_xlabel(X_LABEL, fontsize=12)
+    axes.set_ylabel(y_label, fontsize=12)
+    if xs:
+        axes.set_xscale("log", base=2)
+        if len(xs) == 1:
+            axes.set_xlim(xs[0] / 2.0, xs[0] * 2.0)
+        if len(xs) <= 12:
+            axes.set_xticks(xs)
+        axes.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, pos: "%g" % value))
+        axes.xaxis.set_minor_locator(ticker.NullLocator())
+    else:
+        axes.text(0.5, 0.5, "no level was measured", transform=axes.transAxes, ha="center", va="center",
+                  fontsize=12, color="#555555")
+    axes.set_ylim(bottom=0)
+    axes.yaxis.set_major_formatter(ticker.FuncFormatter(_tick_label))
+    axes.tick_params(labelsize=11)
+    axes.grid(True, color="#dddddd", linewidth=0.8)
+    axes.set_axisbelow(True)
+    axes.legend(title="host", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=11,
+                title_fontsize=11)
+    return figure
 
 
-def png_size(data):
-    """(width, height) of a PNG."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n":
-        raise ValueError("not a PNG")
-    return struct.unpack(">II", data[16:24])
+def charts(hosts):
+    """{'throughput': Figure, 'ttft_p99': Figure} from [{'name', 'levels'}]."""
+    return {stem: line_chart(stem, title, y_label,
+                             [(h["name"], [(lv["concurrency"], lv.get(key)) for lv in h.get("levels") or []])
+                              for h in hosts])
+            for stem, title, y_label, key in CHARTS}
 
+
+def png(figure, dpi=120):
+    """PNG bytes of a chart (the files beside the report)."""
+    out = io.BytesIO()
+    figure.savefig(out, format="png", dpi=dpi, metadata={"Software": None})
+    return out.getvalue()
+
+
+def svg(figure):
+    """A chart as an <svg> element to inline into HTML: no XML prolog, no metadata, scaled by its viewBox."""
+    out = io.StringIO()
+    with matplotlib.rc_context(_SVG_RC):
+        figure.savefig(out, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    text = out.getvalue()
+    text = text[text.index("<svg"):]
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, count=1, flags=re.S)
+    # Let the page's CSS size it: drop the fixed width/height in pt, keep the viewBox.
+    return re.sub(r'^<svg([^>]*?) width="[^"]*" height="[^"]*"', r"<svg\1", text, count=1)
 
 # ------------------------------------------------------------------------------------------------------------------
 # Files
@@ -257,24 +150,10 @@ def levels_csv(host, levels):
     return out.getvalue()
 
 
-def charts(hosts):
-    """{'throughput.png': bytes, 'ttft_p99.png': bytes} from [{'name', 'levels'}]."""
-    throughput = [(h["name"], [(lv["concurrency"], lv.get("output_throughput")) for lv in h.get("levels") or []])
-                  for h in hosts]
-    ttft = [(h["name"], [(lv["concurrency"], lv.get("ttft_p99_ms")) for lv in h.get("levels") or []])
-            for h in hosts]
-    return {
-        "throughput.png": line_chart("Output throughput vs concurrency", "concurrent requests",
-                                     "output tokens/s (all requests)", throughput),
-        "ttft_p99.png": line_chart("TTFT p99 vs concurrency", "concurrent requests", "p99 time to first token (ms)",
-                                   ttft),
-    }
-
-
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{margin-bottom:4px} .meta{color:#555;margin-top:0}
-.plots{display:flex;flex-wrap:wrap;gap:16px} .plots img{width:660px;max-width:100%;border:1px solid #ddd}
+.plots{display:flex;flex-wrap:wrap;gap:16px} .plots svg{width:660px;max-width:100%;height:auto;border:1px solid #ddd}
 table{border-collapse:collapse;margin:8px 0 16px} th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3} td.l,th.l{text-align:left}
 .host{border-top:2px solid #888;margin-top:24px;padding-top:8px}
@@ -356,11 +235,14 @@ def dashboard_link(dashboard):
             % (DASHBOARD_FILE, DASHBOARD_UID))
 
 
-def html_report(run, hosts, images):
-    """One self-contained HTML page. run: {'run_id', 'started', 'settings', 'dashboard'}; images: {'name.png': bytes}."""
+def html_report(run, hosts, plots):
+    """One self-contained HTML page. run: {'run_id', 'started', 'settings', 'dashboard'}; plots: {'stem': svg(...)},
+    drawn in CHARTS order."""
     settings = run.get("settings") or {}
-    plots = "".join("<img alt='%s' src='data:image/png;base64,%s'>" % (_esc(name), base64.b64encode(data).decode())
-                    for name, data in sorted(images.items()))
+    plots = "".join("<div class=plot id='plot-%s'>%s</div>" % (_esc(stem), plots[stem])
+                    for stem, title, y_label, key in CHARTS if stem in plots) or (
+        "<p class=meta>No charts in this report (vllm_benchmark ran with charts=false); the tables hold every "
+        "measured value.</p>")
     status = "PARTIAL" if any(h.get("partial") for h in hosts) else "complete"
     setting_rows = "".join("<tr><th class=l>%s</th><td class=l>%s</td></tr>" % (_esc(k), _esc(v))
                            for k, v in sorted(settings.items()))
@@ -377,55 +259,3 @@ def html_report(run, hosts, images):
 """ % {"run": _esc(run.get("run_id")), "css": _CSS, "started": _esc(run.get("started")), "n": len(hosts),
        "status": status, "plots": plots, "settings": setting_rows, "dashboard": dashboard_link(run.get("dashboard")),
        "hosts": "\n".join(host_section(h) for h in hosts)}
-
-
-def png_decode(data):
-    """(width, height, channels, rows of bytes) of an 8-bit non-interlaced RGB/RGBA/grey PNG (e.g. a browser's
-    screenshot), to check what a person would see without an imaging library."""
-    width, height = png_size(data)
-    bit_depth, color_type, interlace = data[24], data[25], data[28]
-    channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color_type)
-    if bit_depth != 8 or channels is None or interlace:
-        raise ValueError("only 8-bit non-interlaced grey/RGB/RGBA PNGs are supported")
-    pos, idat = 8, b""
-    while pos < len(data):
-        length = struct.unpack(">I", data[pos:pos + 4])[0]
-        kind = data[pos + 4:pos + 8]
-        if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    raw = zlib.decompress(idat)
-    stride = width * channels
-    rows, prev = [], bytearray(stride)
-    for y in range(height):
-        base = y * (stride + 1)
-        kind, line = raw[base], bytearray(raw[base + 1:base + 1 + stride])
-        for x in range(stride):
-            left = line[x - channels] if x >= channels else 0
-            up = prev[x]
-            corner = prev[x - channels] if x >= channels else 0
-            if kind == 1:
-                line[x] = (line[x] + left) & 0xFF
-            elif kind == 2:
-                line[x] = (line[x] + up) & 0xFF
-            elif kind == 3:
-                line[x] = (line[x] + ((left + up) >> 1)) & 0xFF
-            elif kind == 4:
-                guess = left + up - corner
-                pa, pb, pc = abs(guess - left), abs(guess - up), abs(guess - corner)
-                pred = left if pa <= pb and pa <= pc else (up if pb <= pc else corner)
-                line[x] = (line[x] + pred) & 0xFF
-        rows.append(bytes(line))
-        prev = line
-    return width, height, channels, rows
-
-
-def count_color(decoded, color, tolerance=24):
-    """Pixels within `tolerance` (per channel) of an RGB color in a png_decode() result."""
-    width, height, channels, rows = decoded
-    found = 0
-    for row in rows:
-        for x in range(0, width * channels, channels):
-            if channels >= 3 and all(abs(row[x + i] - color[i]) <= tolerance for i in range(3)):
-                found += 1
-    return found

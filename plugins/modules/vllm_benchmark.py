@@ -13,16 +13,20 @@ description:
     request, aggregate output tokens/s, request rate and errors.
   - Meant to run on the control node (C(delegate_to=localhost), C(run_once)) so it measures what clients see over
     the network, drives every host from one place, needs nothing installed on the hosts and leaves its files where
-    the operator is. Standard library only (asyncio, raw HTTP/1.1).
+    the operator is. The load generator is standard library only (asyncio, raw HTTP/1.1); the charts are drawn
+    with matplotlib.
   - Writes into O(results_dir) a JSON and a CSV file per host, C(throughput.png) and C(ttft_p99.png) (one line per
-    host), C(summary.json) and one self-contained C(report.html) (plots embedded, a table per host, vLLM version,
-    model, flags and KV-cache prediction beside the measured numbers).
+    host; not with O(charts=false)), C(summary.json) and one self-contained C(report.html) (the same charts inlined
+    as SVG, a table per host, vLLM version, model, flags and KV-cache prediction beside the measured numbers; no
+    script, no network).
   - Results are always written, also when requests fail; they are then marked C(partial) and the module fails with
     the reason (unless O(fail_on_errors=false)). A host that answers no request at a level is not loaded further.
   - With O(baseline_dir), each host's levels are compared to its saved baseline; a drop of output throughput or a
     rise of p99 TTFT beyond the thresholds fails the task (the rollout canary's gate).
   - While it runs, a progress line is written to the controlling terminal when there is one, and every event to
     C(progress.log) in O(results_dir).
+requirements:
+  - matplotlib, on the machine running the module (the control node), unless O(charts=false)
 options:
   targets:
     description: The servers to load.
@@ -102,6 +106,12 @@ options:
     description: Name of the run, shown in the report.
     type: str
     default: ""
+  charts:
+    description:
+      - Draw the charts with matplotlib. V(false) writes every other file and a report of tables only, and needs no
+        matplotlib (the rollout's benchmark gate runs the module on the GPU host, whose Python has no matplotlib).
+    type: bool
+    default: true
   dashboard_url:
     description:
       - URL of the fleet's Grafana dashboard (roles/monitoring/files/grafana/onprem-vllm-fleet.json imported, uid
@@ -206,7 +216,7 @@ import json
 import os
 import time
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.onprem.vllm.plugins.module_utils import bench_report
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_loadgen import (
@@ -297,6 +307,7 @@ def main():
             validate_certs=dict(type="bool", default=True),
             results_dir=dict(type="path", required=True),
             run_id=dict(type="str", default=""),
+            charts=dict(type="bool", default=True),
             dashboard_url=dict(type="str", default=""),
             baseline_dir=dict(type="path", default=""),
             save_baseline=dict(type="bool", default=False),
@@ -308,6 +319,9 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    if params["charts"] and not bench_report.HAS_MATPLOTLIB:
+        # Before any load: a sweep can take half an hour, its report must not fail at the end.
+        module.fail_json(msg=missing_required_lib("matplotlib"), exception=bench_report.MATPLOTLIB_IMPORT_ERROR)
     try:
         levels = check_concurrency(params["concurrency"])
         check_positive("max_tokens", params["max_tokens"], 1000000)
@@ -389,14 +403,15 @@ def main():
     finally:
         progress.close()
 
-    images = bench_report.charts(hosts)
-    for name, data in sorted(images.items()):
-        _write(os.path.join(results_dir, name), data, files)
+    figures = bench_report.charts(hosts) if params["charts"] else {}
+    for stem, figure in sorted(figures.items()):
+        _write(os.path.join(results_dir, stem + ".png"), bench_report.png(figure), files)
     run = {"run_id": run_id, "started": started, "settings": settings,
            "dashboard": {"url": params["dashboard_url"], "from_ms": int(started_at * 1000),
                          "to_ms": int(time.time() * 1000) + 1}}
     report = os.path.join(results_dir, "report.html")
-    _write(report, bench_report.html_report(run, hosts, images), files)
+    plots = {stem: bench_report.svg(figure) for stem, figure in figures.items()}
+    _write(report, bench_report.html_report(run, hosts, plots), files)
     partial = any(h["partial"] for h in hosts)
     summary = {"run_id": run_id, "started": started, "partial": partial, "problems": problems,
                "regressions": regressions, "settings": settings,

@@ -18,9 +18,9 @@ if not os.path.exists(ANSIBLE):
     ANSIBLE = shutil.which("ansible") or ANSIBLE
 
 
-def run(args):
+def run(args, **env_extra):
     env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_DEPRECATION_WARNINGS="0")
+               ANSIBLE_DEPRECATION_WARNINGS="0", **env_extra)
     cmd = [ANSIBLE, "localhost", "-c", "local", "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
            "-m", "onprem.vllm.vllm_benchmark", "-a", json.dumps(args)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=180)
@@ -48,6 +48,9 @@ def test_sweep_writes_every_file_and_the_baseline_gate_fails(server, tmp_path):
     assert names == ["progress.log", "report.html", "summary.json", "throughput.png", "ttft_p99.png", "ws1.csv",
                      "ws1.json"]
     assert os.path.exists(tmp_path / "base" / "ws1.json") and not out["partial"]
+    assert (tmp_path / "r1" / "throughput.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    page = (tmp_path / "r1" / "report.html").read_text()
+    assert page.count("<svg") == 2 and "id=\"throughput-host-ws1\"" in page and "<img" not in page
     # An impossible baseline: the same server now "regresses".
     base = json.loads((tmp_path / "base" / "ws1.json").read_text())
     for level in base["levels"]:
@@ -80,3 +83,22 @@ def test_unreachable_host_fails_clearly_other_hosts_still_measured(server, tmp_p
     assert out["failed"] and "down:" in out["msg"] and ("cannot reach" in out["msg"] or "timed out" in out["msg"])
     hosts = {h["name"]: h for h in out["hosts"]}
     assert hosts["down"]["partial"] and not hosts["ws1"]["partial"] and hosts["ws1"]["levels"][0]["successful"] == 2
+
+
+def test_without_matplotlib_it_says_what_to_install_before_any_load_unless_charts_are_off(server, tmp_path):
+    # A matplotlib that cannot be imported, first on the module's path: a Python without the package.
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib (test)')\n")
+    args = {"targets": [target(server.url)], "concurrency": [1], "num_requests": 2, "max_tokens": 4,
+            "progress": False}
+    out = run(dict(args, results_dir=str(tmp_path / "r")), PYTHONPATH=str(tmp_path / "site"))
+    assert out["failed"] and "Failed to import the required Python library (matplotlib)" in out["msg"]
+    assert not os.path.exists(tmp_path / "r") and server.connections == 0
+    # The rollout's benchmark gate (on the GPU host): no charts, no matplotlib needed, every other file.
+    out = run(dict(args, results_dir=str(tmp_path / "gate"), charts=False), PYTHONPATH=str(tmp_path / "site"))
+    assert not out.get("failed"), out.get("msg")
+    files = ["progress.log", "report.html", "summary.json", "ws1.csv", "ws1.json"]
+    assert sorted(os.listdir(tmp_path / "gate")) == files
+    page = (tmp_path / "gate" / "report.html").read_text()
+    assert "<svg" not in page and "charts=false" in page and out["hosts"][0]["levels"][0]["successful"] == 2
