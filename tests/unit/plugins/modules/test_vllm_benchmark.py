@@ -4,42 +4,27 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 
-from ansible_collections.onprem.vllm.tests.unit.plugins.module_utils.test_vllm_loadgen import KEY, FakeVllm
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
-ANSIBLE = os.path.join(os.path.dirname(sys.executable), "ansible")
-if not os.path.exists(ANSIBLE):
-    ANSIBLE = shutil.which("ansible") or ANSIBLE
-
-
-def run(args):
-    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_DEPRECATION_WARNINGS="0")
-    cmd = [ANSIBLE, "localhost", "-c", "local", "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
-           "-m", "onprem.vllm.vllm_benchmark", "-a", json.dumps(args)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=180)
-    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
-    return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+@pytest.fixture
+def run(run_module):
+    def bench(args, check=False):
+        return run_module("vllm_benchmark", args, check=check, timeout=180)
+    return bench
 
 
 @pytest.fixture
-def server():
-    srv = FakeVllm(tokens=4)
-    yield srv
-    srv.stop()
+def server(fake_vllm):
+    return fake_vllm(tokens=4)
 
 
-def target(url, key=KEY, name="ws1"):
+def target(url, key="test-key-123456789", name="ws1"):
     return {"name": name, "url": url, "api_key": key, "model": "m", "meta": {"vllm_version": "v0.32.0"}}
 
 
-def test_sweep_writes_every_file_and_the_baseline_gate_fails(server, tmp_path):
+def test_sweep_writes_every_file_and_the_baseline_gate_fails(server, tmp_path, run):
     out = run({"targets": [target(server.url)], "concurrency": [1, 2], "num_requests": 4, "max_tokens": 4,
                "results_dir": str(tmp_path / "r1"), "baseline_dir": str(tmp_path / "base"), "save_baseline": True,
                "progress": False})
@@ -59,13 +44,13 @@ def test_sweep_writes_every_file_and_the_baseline_gate_fails(server, tmp_path):
     assert os.path.exists(tmp_path / "r2" / "report.html")
 
 
-def test_concurrency_zero_is_refused_before_any_load(tmp_path):
+def test_concurrency_zero_is_refused_before_any_load(tmp_path, run):
     out = run({"targets": [target("http://127.0.0.1:9/v1")], "concurrency": [1, 0], "results_dir": str(tmp_path)})
     assert out["failed"] and "concurrency level 0 is not allowed" in out["msg"]
     assert os.listdir(tmp_path) == []
 
 
-def test_wrong_key_fails_clearly_and_writes_partial_results(server, tmp_path):
+def test_wrong_key_fails_clearly_and_writes_partial_results(server, tmp_path, run):
     out = run({"targets": [target(server.url, key="wrong")], "concurrency": [1], "num_requests": 2,
                "results_dir": str(tmp_path), "progress": False})
     assert out["failed"] and "PARTIAL" in out["msg"] and "HTTP 401" in out["msg"] and "API key" in out["msg"]
@@ -74,9 +59,24 @@ def test_wrong_key_fails_clearly_and_writes_partial_results(server, tmp_path):
     assert "PARTIAL RESULTS" in (tmp_path / "report.html").read_text()
 
 
-def test_unreachable_host_fails_clearly_other_hosts_still_measured(server, tmp_path):
+def test_unreachable_host_fails_clearly_other_hosts_still_measured(server, tmp_path, run):
     out = run({"targets": [target("http://127.0.0.1:9/v1", name="down"), target(server.url)], "concurrency": [1],
                "num_requests": 2, "request_timeout": 5, "results_dir": str(tmp_path), "progress": False})
     assert out["failed"] and "down:" in out["msg"] and ("cannot reach" in out["msg"] or "timed out" in out["msg"])
     hosts = {h["name"]: h for h in out["hosts"]}
     assert hosts["down"]["partial"] and not hosts["ws1"]["partial"] and hosts["ws1"]["levels"][0]["successful"] == 2
+
+
+def test_check_mode_sends_nothing_and_writes_nothing_then_each_run_rewrites_the_same_files(run, server, tmp_path):
+    args = {"targets": [target(server.url, server.key)], "concurrency": [1], "num_requests": 2, "max_tokens": 4,
+            "results_dir": str(tmp_path / "r"), "progress": False}
+    check = run(args, check=True)
+    assert check["changed"] is False and not check.get("failed") and "would send 2 requests to each of ws1" in check["msg"]
+    assert not os.path.exists(tmp_path / "r") and server.bodies == []
+    first = run(args)
+    names = sorted(os.listdir(tmp_path / "r"))
+    assert first["changed"] is True and not first.get("failed"), first.get("msg")
+    assert len(server.bodies) == 2 + 1  # the requests and one warm-up
+    # A benchmark is a new measurement each time (changed), into the same set of files: nothing piles up.
+    again = run(args)
+    assert again["changed"] is True and not again.get("failed") and sorted(os.listdir(tmp_path / "r")) == names
