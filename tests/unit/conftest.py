@@ -7,11 +7,13 @@
 - fake_clock: a clock whose sleep() only moves it on;
 - fake_vllm: an OpenAI-compatible server on 127.0.0.1 that streams completions (SSE) as vLLM does;
 - vllm_endpoints: vLLM's health, models, completion and (recorded) metrics endpoints on 127.0.0.1;
-- haproxy_socket: a unix socket that speaks HAProxy's runtime API (`show stat`, `set server ...`).
+- haproxy_socket: a unix socket that speaks HAProxy's runtime API (`show stat`, `set server ...`);
+- free_port, and the marker needs_docker (the test is skipped, as a skip, where `docker info` fails).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.server
 import json
 import os
@@ -24,6 +26,30 @@ import threading
 import pytest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_docker: skipped (said so) where this machine has no Docker engine")
+
+
+@functools.lru_cache(maxsize=None)
+def docker_engine_answers():
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("needs_docker") and not docker_engine_answers():
+        pytest.skip("no Docker engine (.ci/run starts one)")
+
+
+@pytest.fixture
+def free_port():
+    """free_port() -> a TCP port on 127.0.0.1 that nothing listens on now."""
+    def pick():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    return pick
 
 
 def _ansible_bin(name):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import socket
-import subprocess
 
 import pytest
 
@@ -42,22 +40,11 @@ PLAYBOOK = """
 """
 
 
-def docker_ok():
-    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
-
-
-pytestmark = [pytest.mark.skipif(not ARCHIVES, reason="lab share not built (make lab)"),
-              pytest.mark.skipif(not docker_ok(), reason="no Docker engine (vllm_server's checks ask it)")]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = [pytest.mark.skipif(not ARCHIVES, reason="lab share not built (make lab)"), pytest.mark.needs_docker]
 
 
 @pytest.fixture
-def run(run_playbook, tmp_path):
+def run(run_playbook, tmp_path, free_port):
     """run(stage=True, **extra) -> (the refusal or None, what the play dumped)."""
     def play(stage=True, **extra):
         variables = {

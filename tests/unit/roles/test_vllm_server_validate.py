@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 
 import pytest
 
@@ -31,21 +30,11 @@ BASE = {  # a valid lab-like plan; each test breaks one thing
 }
 
 
-def docker_ok():
-    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
-
-
-pytestmark = pytest.mark.skipif(not docker_ok(), reason="no Docker engine (.ci/run starts one)")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = pytest.mark.needs_docker
 
 
 @pytest.fixture
-def run_checks(run_playbook, tmp_path):
+def run_checks(run_playbook, tmp_path, free_port):
     """run_checks(steps=("validate.yml", "image.yml"), **overrides) -> the message that stopped the play, or None."""
     def run(steps=("validate.yml", "image.yml"), **overrides):
         variables = dict(BASE, vllm_server_port=free_port(), vllm_server_hf_cache_path=str(tmp_path / "hf"),
