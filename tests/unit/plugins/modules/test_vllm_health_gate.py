@@ -34,7 +34,7 @@ def test_check_apply_and_again_pass_every_step_and_change_nothing(gate, vllm_end
 
 
 def test_a_wrong_key_fails_at_the_first_step_behind_the_key_and_is_not_shown(gate):
-    rc, result = gate(api_key="not-the-key-42")
+    rc, result = gate(api_key="not-the-key-42", timeout=1)
     assert rc == 1 and result["failed"] and result["failed_step"] == "models" and "HTTP 401" in result["msg"]
     assert "not-the-key-42" not in json.dumps(result)
 
