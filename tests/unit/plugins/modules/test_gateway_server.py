@@ -8,8 +8,10 @@ import pytest
 
 from ansible_collections.onprem.vllm.plugins.modules import gateway_server
 
-DRAIN, HEALTH_DOWN, READY, MAINT = ("set server vllm/ws1 state drain", "set server vllm/ws1 health down",
-                                    "set server vllm/ws1 state ready", "set server vllm/ws1 state maint")
+DRAIN = "set server vllm/ws1 state drain"
+HEALTH_DOWN = "set server vllm/ws1 health down"
+READY = "set server vllm/ws1 state ready"
+MAINT = "set server vllm/ws1 state maint"
 
 
 @pytest.fixture
