@@ -36,7 +36,7 @@ def test_h200_with_its_preinstalled_driver_is_skipped(facts, fake_host):
 
 def test_blackwell_with_proprietary_is_refused_before_anything(facts, fake_host):
     result = facts(fake_host([("0000:01:00.0", "0x10de", "0x2b85", "0x030000")]),
-                       kernel_module_type="proprietary")
+                   kernel_module_type="proprietary")
     assert result["driver_action"] == "install" and result["kernel_module_type"] is None
     assert any("nvidia_driver_kernel_module_type: open" in e for e in result["errors"])
 
@@ -59,7 +59,7 @@ def test_nvswitch_system_gets_fabric_manager(facts, fake_host):
 def test_nvswitch_on_debian_non_free_says_use_cuda(facts, fake_host):
     devices = [("0000:10:00.0", "0x10de", "0x2330", "0x030200"), ("0000:80:00.0", "0x10de", "0x22a3", "0x068000")]
     result = facts(fake_host(devices), distribution="Debian", distribution_major_version="12",
-                       branch="535")
+                   branch="535")
     assert any("nvidia_driver_source: cuda" in e for e in result["errors"])
 
 
