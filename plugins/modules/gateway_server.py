@@ -56,8 +56,10 @@ attributes:
     support: full
     description: In check mode nothing is sent to HAProxy; the result says whether the state would change.
   diff_mode:
-    support: none
-    description: No diff is returned.
+    support: full
+    description:
+      - "Returns the server's admin state (READY, DRAIN or MAINT) before and after, e.g. C(vllm/ws1: READY) to
+        C(vllm/ws1: MAINT); in check mode the state it would reach."
 """
 
 EXAMPLES = r"""
@@ -156,6 +158,9 @@ def main():
     def fetch():
         return find_server(api.stat_rows(), backend, server)
 
+    def admin_line(admin):
+        return f"{backend}/{server}: {admin.upper()}\n"
+
     started = time.time()
     try:
         row = fetch()
@@ -164,6 +169,13 @@ def main():
         commands = commands_for(before, state, backend, server, params["fresh_check"])
         result["commands"] = commands
         result["changed"] = bool(commands)
+
+        def note_after(admin):
+            """The diff's after: the state asked for in check mode, what HAProxy reports (or was set to) otherwise."""
+            if module._diff:
+                result["diff"] = dict(before=admin_line(admin_state(before)), after=admin_line(admin))
+
+        note_after(state)
         if module.check_mode:
             module.exit_json(status=before, in_flight=in_flight(row), timestamp=time.time(), **result)
         drain_cmds = [cmd for cmd in commands if cmd.endswith("state drain")]
@@ -174,6 +186,7 @@ def main():
                                              params["poll_interval"])
             result["waited"] = round(waited, 2)
             if not finished:
+                note_after(admin_state(row.get("status", "")))
                 module.fail_json(msg=f"{backend}/{server} still has {in_flight(row)} request(s) in flight after "
                                      f"{params['timeout']} s of draining: raise the timeout or look for stuck "
                                      "clients; the server stays drained", status=row.get("status"),
@@ -190,6 +203,7 @@ def main():
             if not finished:
                 # Out of rotation again: a server the gateway cannot check must not flap back in later unverified.
                 api.set_command(f"set server {backend}/{server} state maint")
+                note_after("maint")
                 module.fail_json(msg=f"{backend}/{server} did not pass a fresh health check by the gateway within "
                                      f"{params['timeout']} s (status {row.get('status')}, last check: "
                                      f"{row.get('check_status', '')} {row.get('check_desc', '')}; the gateway checks "
@@ -197,6 +211,7 @@ def main():
                                      "that the gateway reaches the host (advertise host, port, bind address, "
                                      "firewall)",
                                  status=row.get("status"), in_flight=in_flight(row), timestamp=time.time(), **result)
+        note_after(admin_state(row.get("status", "")))
         if admin_state(row.get("status", "")) != state:
             module.fail_json(msg=f"{backend}/{server} is {row.get('status')} after {commands}, not {state}",
                              status=row.get("status"), in_flight=in_flight(row), timestamp=time.time(), **result)

@@ -15,13 +15,6 @@ labctl = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(labctl)
 
 
-def docker_ok():
-    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
-
-
-needs_docker = pytest.mark.skipif(not docker_ok(), reason="no Docker engine (.ci/run starts one)")
-
-
 @pytest.mark.parametrize("count", ["0", "9", "-1"])
 def test_unknown_lab_size_is_refused(count, capsys):
     assert labctl.main(["up", "--workstations", count]) == 2
@@ -54,7 +47,7 @@ def test_image_tag_follows_the_recipe():
     assert labctl.image_tag(one) != labctl.image_tag(other)
 
 
-@needs_docker
+@pytest.mark.needs_docker
 def test_a_foreign_container_with_a_lab_name_is_refused_and_kept(capsys):
     image = f"onprem-test/empty:{uuid.uuid4().hex[:8]}"
     name = "onprem-lab-ws8"
@@ -72,7 +65,7 @@ def test_a_foreign_container_with_a_lab_name_is_refused_and_kept(capsys):
         subprocess.run(["docker", "rmi", image], capture_output=True, check=False)
 
 
-@needs_docker
+@pytest.mark.needs_docker
 def test_stale_tags_go_and_an_image_in_use_stays(capsys):
     repo = f"onprem-test/stale-{uuid.uuid4().hex[:8]}"
     current, stale, in_use = f"{repo}:current", f"{repo}:stale", f"{repo}:in-use"

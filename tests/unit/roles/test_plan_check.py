@@ -4,14 +4,11 @@ hosts: a PCI sysfs tree (plan_check_sysfs_root) and a /proc + /sys tree for the 
 (nvidia_driver_host_root). Each bad input is refused with what to change, before anything could be installed."""
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-MODELS = os.path.join(ROOT, "tests", "unit", "fixtures", "models")
+import pytest
+
+MODELS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "models"))
 PLAYBOOK = """
 - name: Plan check under test
   hosts: localhost
@@ -27,114 +24,95 @@ RTX4090 = ("0x10de", "0x2684", "0x030000")
 RTX3090 = ("0x10de", "0x2204", "0x030000")
 
 
-def fake_host(tmp_path, gpus=(RTX4090, RTX4090), modules=(), secure_boot=None):
-    root = tmp_path / "host"
-    for n, (vendor, device, klass) in enumerate(gpus):
-        d = root / "sys" / "bus" / "pci" / "devices" / ("0000:%02x:00.0" % (n + 1))
-        d.mkdir(parents=True)
-        (d / "vendor").write_text(vendor + "\n")
-        (d / "device").write_text(device + "\n")
-        (d / "class").write_text(klass + "\n")
-    (root / "proc").mkdir(parents=True)
-    (root / "proc" / "modules").write_text("".join("%s 16384 0 - Live 0x0\n" % m for m in modules))
-    if secure_boot is not None:
-        efivars = root / "sys" / "firmware" / "efi" / "efivars"
-        efivars.mkdir(parents=True)
-        (efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(
-            b"\x06\x00\x00\x00" + (b"\x01" if secure_boot else b"\x00"))
-    return str(root)
+@pytest.fixture
+def gpu_host(fake_host):
+    """gpu_host(gpus=(RTX4090, RTX4090), modules=(), secure_boot=None): a bare host, its GPUs at 0000:01:00.0 on."""
+    def make(gpus=(RTX4090, RTX4090), **host):
+        return fake_host([("0000:%02x:00.0" % (n + 1), *gpu) for n, gpu in enumerate(gpus)], **host)
+    return make
 
 
-def run_plan(tmp_path, host_root=None, **overrides):
-    host_root = host_root or fake_host(tmp_path)
-    book = tmp_path / "play.yml"
-    book.write_text(PLAYBOOK)
-    variables = {
-        "ansible_python_interpreter": sys.executable,
-        "plan_check_sysfs_root": os.path.join(host_root, "sys"), "nvidia_driver_host_root": host_root,
-        "hf_cache_model": "Qwen/Qwen3-30B-A3B-FP8", "hf_cache_revision": "main", "hf_cache_source": "none",
-        "vllm_server_image_tag": "v0.32.0", "vllm_server_tensor_parallel_size": 2,
-        "vllm_server_max_model_len": 32768, "vllm_server_gpu_memory_utilization": 0.9,
-        "vllm_server_max_num_seqs": 64, "vllm_server_max_num_batched_tokens": 8192,
-        "gpu_preflight_model_config_path": os.path.join(MODELS, "Qwen3-30B-A3B-FP8", "config.json"),
-        "nvidia_driver_branch": "580",
-    }
-    variables.update(overrides)
-    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_DEPRECATION_WARNINGS="0")
-    playbook_bin = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
-    if not os.path.exists(playbook_bin):
-        playbook_bin = shutil.which("ansible-playbook") or playbook_bin
-    proc = subprocess.run([playbook_bin, "-i", "localhost,", "-c", "local", "-e", json.dumps(variables), str(book)],
-                          cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=180)
-    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
-    results = [t["hosts"]["localhost"] for t in json.loads(proc.stdout)["plays"][0]["tasks"]]
-    failed = [r for r in results if r.get("failed") and not r.get("ignored", False)]
-    plan = [r for r in results if "plan_check_result" in r]
-    return (failed[-1]["msg"] if failed else None), (plan[-1]["plan_check_result"] if plan else None)
+@pytest.fixture
+def run_plan(run_playbook, gpu_host):
+    """run_plan(host_root=None, **overrides) -> (the refusal or None, plan_check_result)."""
+    def run(host_root=None, **overrides):
+        host_root = host_root or gpu_host()
+        variables = {
+            "plan_check_sysfs_root": os.path.join(host_root, "sys"), "nvidia_driver_host_root": host_root,
+            "hf_cache_model": "Qwen/Qwen3-30B-A3B-FP8", "hf_cache_revision": "main", "hf_cache_source": "none",
+            "vllm_server_image_tag": "v0.32.0", "vllm_server_tensor_parallel_size": 2,
+            "vllm_server_max_model_len": 32768, "vllm_server_gpu_memory_utilization": 0.9,
+            "vllm_server_max_num_seqs": 64, "vllm_server_max_num_batched_tokens": 8192,
+            "gpu_preflight_model_config_path": os.path.join(MODELS, "Qwen3-30B-A3B-FP8", "config.json"),
+            "nvidia_driver_branch": "580",
+        }
+        result = run_playbook(PLAYBOOK, dict(variables, **overrides))
+        plan = [r for r in result.results if "plan_check_result" in r]
+        return result.failure(), (plan[-1]["plan_check_result"] if plan else None)
+    return run
 
 
-def test_dual_4090_plan_passes_with_the_kv_plan(tmp_path):
-    msg, plan = run_plan(tmp_path)
+def test_dual_4090_plan_passes_with_the_kv_plan(run_plan):
+    msg, plan = run_plan()
     assert msg is None
     assert plan["models"] == ["NVIDIA GeForce RTX 4090"] and int(plan["needed"]) == 2
     assert plan["image_cuda"] == "13.0" and int(plan["min_driver_branch"]) == 580
     assert plan["kv_plan"]["fits"] and int(plan["kv_plan"]["kv_cache_tokens"]) > 32768
 
 
-def test_fewer_gpus_than_tp_times_pp_is_refused(tmp_path):
-    msg, dummy = run_plan(tmp_path, fake_host(tmp_path, gpus=(RTX4090,)))
+def test_fewer_gpus_than_tp_times_pp_is_refused(run_plan, gpu_host):
+    msg, dummy = run_plan(gpu_host(gpus=(RTX4090,)))
     assert msg.startswith("Plan check refused localhost (nothing was changed):")
     assert "2 x 1 = 2 GPUs, and the PCI bus shows 1 NVIDIA GPU(s) (0000:01:00.0 NVIDIA GeForce RTX 4090)" in msg
     assert "lower vllm_server_tensor_parallel_size" in msg
 
 
-def test_gpu_too_small_for_the_plan_is_refused(tmp_path):
+def test_gpu_too_small_for_the_plan_is_refused(run_plan, gpu_host):
     # Qwen3-30B-A3B in BF16 (~61 GB of weights) on two 24 GB cards: known from the PCI ids, before any driver.
-    msg, dummy = run_plan(tmp_path, fake_host(tmp_path, gpus=(RTX3090, RTX3090)),
+    msg, dummy = run_plan(gpu_host(gpus=(RTX3090, RTX3090)),
                           gpu_preflight_model_config_path=os.path.join(MODELS, "Qwen3-30B-A3B", "config.json"))
     assert msg.startswith("The planned model does not fit on localhost:")
     assert "Suggestions:" in msg
 
 
-def test_driver_branch_older_than_the_image_needs_is_refused(tmp_path):
-    msg, dummy = run_plan(tmp_path, nvidia_driver_branch="575")
+def test_driver_branch_older_than_the_image_needs_is_refused(run_plan):
+    msg, dummy = run_plan(nvidia_driver_branch="575")
     assert "The planned driver branch R575 (nvidia_driver_branch) cannot run the image" in msg
     assert 'set nvidia_driver_branch: "580"' in msg and "v0.32.0-cu129" in msg
 
 
-def test_cu129_image_on_r575_passes(tmp_path):
-    msg, plan = run_plan(tmp_path, nvidia_driver_branch="575", vllm_server_image_tag="v0.32.0-cu129")
+def test_cu129_image_on_r575_passes(run_plan):
+    msg, plan = run_plan(nvidia_driver_branch="575", vllm_server_image_tag="v0.32.0-cu129")
     assert msg is None and plan["image_cuda"] == "12.9"
 
 
-def test_secure_boot_with_an_unsigned_module_path_is_refused(tmp_path):
+def test_secure_boot_with_an_unsigned_module_path_is_refused(run_plan, gpu_host):
     # Debian (this machine's facts) builds the modules with DKMS: unsigned without an enrolled MOK.
-    msg, dummy = run_plan(tmp_path, fake_host(tmp_path, secure_boot=True), nvidia_driver_source="cuda")
+    msg, dummy = run_plan(gpu_host(secure_boot=True), nvidia_driver_source="cuda")
     assert "Secure Boot is enabled and this install path builds unsigned kernel modules (DKMS)" in msg
     assert "mokutil --import" in msg
 
 
-def test_nouveau_loaded_with_no_reboot_allowed_is_refused(tmp_path):
-    msg, dummy = run_plan(tmp_path, fake_host(tmp_path, modules=("nouveau",)))
+def test_nouveau_loaded_with_no_reboot_allowed_is_refused(run_plan, gpu_host):
+    msg, dummy = run_plan(gpu_host(modules=("nouveau",)))
     assert "nouveau is loaded and holds the GPUs" in msg
     assert "never reboots a connection: local host" in msg
 
 
-def test_several_refusals_come_in_one_message(tmp_path):
-    msg, dummy = run_plan(tmp_path, fake_host(tmp_path, gpus=(RTX4090,), modules=("nouveau",)),
+def test_several_refusals_come_in_one_message(run_plan, gpu_host):
+    msg, dummy = run_plan(gpu_host(gpus=(RTX4090,), modules=("nouveau",)),
                           nvidia_driver_branch="570")
     assert "(1) " in msg and "(2) " in msg and "(3) " in msg
 
 
-def test_unpinned_image_is_refused(tmp_path):
-    msg, dummy = run_plan(tmp_path, vllm_server_image_tag="latest")
+def test_unpinned_image_is_refused(run_plan):
+    msg, dummy = run_plan(vllm_server_image_tag="latest")
     assert "vllm_server_image_tag must pin a release: pin a tag like v0.32.0 (got 'latest'" in msg
 
 
-def test_bad_numbers_are_refused_by_the_plan_check(tmp_path):
+def test_bad_numbers_are_refused_by_the_plan_check(run_plan):
     """The plan check uses the same settings check as vllm_server and the rollout (module_utils/vllm_settings.py)."""
-    msg, dummy = run_plan(tmp_path, vllm_server_max_model_len=0, vllm_server_max_num_batched_tokens=-1,
+    msg, dummy = run_plan(vllm_server_max_model_len=0, vllm_server_max_num_batched_tokens=-1,
                           vllm_server_tensor_parallel_size=0, vllm_server_served_model_name="qwen 3")
     for expected in ("vllm_server_max_model_len must be a whole number >= 1 (got 0)",
                      "vllm_server_max_num_batched_tokens must be a whole number >= 1 (got -1)",
@@ -143,22 +121,23 @@ def test_bad_numbers_are_refused_by_the_plan_check(tmp_path):
         assert expected in msg
 
 
-def test_empty_model_pin_is_refused(tmp_path):
-    msg, dummy = run_plan(tmp_path, hf_cache_revision="")
+def test_empty_model_pin_is_refused(run_plan):
+    msg, dummy = run_plan(hf_cache_revision="")
     assert "pin hf_cache_revision to a 40-hex commit or a branch/tag name" in msg
 
 
-def test_unknown_gpu_needs_a_declaration_then_passes(tmp_path):
+def test_unknown_gpu_needs_a_declaration_then_passes(run_plan, gpu_host):
     h100_nvl = ("0x10de", "0x2321", "0x030200")
-    msg, dummy = run_plan(tmp_path, fake_host(tmp_path, gpus=(h100_nvl, h100_nvl)))
+    host_root = gpu_host(gpus=(h100_nvl, h100_nvl))
+    msg, dummy = run_plan(host_root)
     assert "which this collection's table does not know: declare each in plan_check_gpu_models" in msg
-    msg, plan = run_plan(tmp_path, tmp_path / "host" and str(tmp_path / "host"),
+    msg, plan = run_plan(host_root,
                          plan_check_gpu_models={"0x2321": {"name": "NVIDIA H100 NVL", "memory_mib": 95830}})
     assert msg is None and plan["models"] == ["NVIDIA H100 NVL"]
 
 
-def test_lab_cpu_mode_skips_the_gpu_steps(tmp_path):
-    msg, plan = run_plan(tmp_path, fake_host(tmp_path, gpus=()), gpu_preflight_cpu_mode=True,
+def test_lab_cpu_mode_skips_the_gpu_steps(run_plan, gpu_host):
+    msg, plan = run_plan(gpu_host(gpus=()), gpu_preflight_cpu_mode=True,
                          vllm_server_tensor_parallel_size=1, vllm_server_max_model_len=2048,
                          vllm_server_max_num_batched_tokens=2048, vllm_server_max_num_seqs=16,
                          gpu_preflight_cpu_kv_cache_space_gib=1,

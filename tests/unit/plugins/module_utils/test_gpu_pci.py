@@ -2,19 +2,19 @@
 """GPUs counted and identified from PCI sysfs before a driver exists: the table, declarations, bad input."""
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from ansible_collections.onprem.vllm.plugins.module_utils import gpu_pci
 
 MIB = 1024 * 1024
 
 
-def fake_sysfs(tmp_path, rows):
-    for address, vendor, device, klass in rows:
-        d = tmp_path / "bus" / "pci" / "devices" / address
-        d.mkdir(parents=True)
-        (d / "vendor").write_text(vendor + "\n")
-        (d / "device").write_text(device + "\n")
-        (d / "class").write_text(klass + "\n")
-    return str(tmp_path)
+@pytest.fixture
+def sysfs(fake_host):
+    """sysfs(rows) -> the sysfs root of a fake host with these PCI devices."""
+    return lambda rows: os.path.join(fake_host(rows), "sys")
 
 
 DUAL_4090 = [
@@ -25,22 +25,22 @@ DUAL_4090 = [
 ]
 
 
-def test_dual_4090_from_sysfs(tmp_path):
-    found = gpu_pci.inventory(gpu_pci.read_pci_devices(fake_sysfs(tmp_path, DUAL_4090)))
+def test_dual_4090_from_sysfs(sysfs):
+    found = gpu_pci.inventory(gpu_pci.read_pci_devices(sysfs(DUAL_4090)))
     assert found["gpu_count"] == 2 and not found["errors"]
     assert [g["name"] for g in found["gpus"]] == ["NVIDIA GeForce RTX 4090"] * 2
     plan = gpu_pci.plan(found, 2)
     assert plan["ok"] and plan["gpu_memory_bytes"] == 24564 * MIB
 
 
-def test_h200_3d_controller_class(tmp_path):
-    found = gpu_pci.inventory(gpu_pci.read_pci_devices(fake_sysfs(tmp_path, [
+def test_h200_3d_controller_class(sysfs):
+    found = gpu_pci.inventory(gpu_pci.read_pci_devices(sysfs([
         ("0000:00:06.0", "0x10de", "0x2335", "0x030200")])))
     assert found["gpus"][0]["name"] == "NVIDIA H200" and found["gpus"][0]["memory_bytes"] == 143771 * MIB
 
 
-def test_fewer_gpus_than_tp_times_pp(tmp_path):
-    found = gpu_pci.inventory(gpu_pci.read_pci_devices(fake_sysfs(tmp_path, DUAL_4090[:2])))
+def test_fewer_gpus_than_tp_times_pp(sysfs):
+    found = gpu_pci.inventory(gpu_pci.read_pci_devices(sysfs(DUAL_4090[:2])))
     plan = gpu_pci.plan(found, 2, 1)
     assert not plan["ok"]
     (msg,) = plan["errors"]
@@ -54,8 +54,8 @@ def test_no_gpu_at_all(tmp_path):
     assert "the PCI bus shows 0 NVIDIA GPU(s) (none)" in plan["errors"][0]
 
 
-def test_unknown_device_id_asks_for_a_declaration(tmp_path):
-    root = fake_sysfs(tmp_path, [("0000:41:00.0", "0x10de", "0x2321", "0x030200")])
+def test_unknown_device_id_asks_for_a_declaration(sysfs):
+    root = sysfs([("0000:41:00.0", "0x10de", "0x2321", "0x030200")])
     found = gpu_pci.inventory(gpu_pci.read_pci_devices(root))
     (msg,) = found["errors"]
     assert "0000:41:00.0 have PCI device id(s) 0x2321, which this collection's table does not know" in msg
@@ -63,8 +63,8 @@ def test_unknown_device_id_asks_for_a_declaration(tmp_path):
     assert gpu_pci.plan(found, 1)["gpu_memory_bytes"] == 0
 
 
-def test_declared_model_is_used(tmp_path):
-    root = fake_sysfs(tmp_path, [("0000:41:00.0", "0x10de", "0x2321", "0x030200")])
+def test_declared_model_is_used(sysfs):
+    root = sysfs([("0000:41:00.0", "0x10de", "0x2321", "0x030200")])
     found = gpu_pci.inventory(gpu_pci.read_pci_devices(root),
                               {"0x2321": {"name": "NVIDIA H100 NVL", "memory_mib": 95830}})
     assert not found["errors"] and found["gpus"][0]["source"] == "inventory"
@@ -77,6 +77,6 @@ def test_bad_declarations_are_refused():
     assert "memory_mib must be the card's memory in MiB" in errors[1]
 
 
-def test_tp_zero_is_refused(tmp_path):
-    found = gpu_pci.inventory(gpu_pci.read_pci_devices(fake_sysfs(tmp_path, DUAL_4090)))
+def test_tp_zero_is_refused(sysfs):
+    found = gpu_pci.inventory(gpu_pci.read_pci_devices(sysfs(DUAL_4090)))
     assert "must be at least 1" in gpu_pci.plan(found, 0)["errors"][0]

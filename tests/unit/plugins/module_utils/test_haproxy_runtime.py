@@ -5,6 +5,7 @@ import pytest
 
 from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import (
     RuntimeError_,
+    RuntimeSocket,
     admin_state,
     commands_for,
     find_server,
@@ -23,17 +24,6 @@ vllm,fleet-ws3,0,0,0,1,,10,1,2,,0,,0,0,0,0,MAINT,1
 vllm,BACKEND,1,1,2,3,200,40,1,2,0,0,,0,0,0,0,UP,2
 
 """
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 def test_parse_stat_reads_rows_by_column_name():
@@ -90,92 +80,37 @@ def test_commands_drain_before_maint():
         commands_for("UP", "off", "vllm", "ws1")
 
 
-def test_wait_for_returns_when_done():
-    clock = FakeClock()
+def test_wait_for_returns_when_done(fake_clock):
+    clock = fake_clock
     rows = iter([{"scur": "2"}, {"scur": "1"}, {"scur": "0"}])
     row, waited, finished = wait_for(lambda: next(rows), lambda r: in_flight(r) == 0, 10, 0.5, clock, clock.sleep)
     assert finished and row == {"scur": "0"} and waited == 1.0
 
 
-def test_wait_for_gives_up_at_the_timeout():
-    clock = FakeClock()
+def test_wait_for_gives_up_at_the_timeout(fake_clock):
+    clock = fake_clock
     row, waited, finished = wait_for(lambda: {"scur": "3"}, lambda r: in_flight(r) == 0, 2, 0.5, clock, clock.sleep)
     assert not finished and waited >= 2 and in_flight(row) == 3
 
 
-class FakeHAProxy:
-    """A unix-socket stand-in for HAProxy's admin socket: `show stat` and `set server B/S state X`, one per connection."""
-
-    def __init__(self, path):
-        import socket
-        import threading
-
-        self.states = {"fleet-ws1": "UP", "fleet-ws2": "UP"}
-        self.scur = {"fleet-ws1": 1, "fleet-ws2": 0}
-        self.commands = []
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def stat(self):
-        lines = ["# pxname,svname,qcur,scur,status"]
-        lines += [f"vllm,{name},0,{self.scur[name]},{state}" for name, state in self.states.items()]
-        return "\n".join(lines) + "\n\n"
-
-    def serve(self):
-        while True:
-            try:
-                conn, _addr = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                cmd = conn.recv(4096).decode().strip()
-                self.commands.append(cmd)
-                if cmd == "show stat":
-                    answer = self.stat()
-                    # A request in flight finishes after the server has been asked once more.
-                    self.scur = {name: max(0, count - 1) for name, count in self.scur.items()}
-                elif cmd.startswith("set server vllm/"):
-                    name, state = cmd.split("/", 1)[1].split(" state ")
-                    if name not in self.states:
-                        answer = "No such server.\n"
-                    else:
-                        self.states[name] = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}[state]
-                        answer = "\n"
-                else:
-                    answer = "Unknown command.\n"
-                conn.sendall(answer.encode())
-
-    def close(self):
-        self.sock.close()
-
-
-def test_runtime_socket_drains_after_requests_finish(tmp_path):
-    from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import RuntimeSocket
-
-    fake = FakeHAProxy(tmp_path / "admin.sock")
-    try:
-        api = RuntimeSocket(str(tmp_path / "admin.sock"))
-        row = find_server(api.stat_rows(), "vllm", "fleet-ws1")
-        assert row["status"] == "UP"
-        cmds = commands_for(row["status"], "maint", "vllm", "fleet-ws1")
-        api.set_command(cmds[0])
-        row, _waited, finished = wait_for(lambda: find_server(api.stat_rows(), "vllm", "fleet-ws1"),
-                                          lambda r: in_flight(r) == 0, 5, 0.01)
-        assert finished and row["status"] == "DRAIN"
-        api.set_command(cmds[1])
-        assert find_server(api.stat_rows(), "vllm", "fleet-ws1")["status"] == "MAINT"
-        assert find_server(api.stat_rows(), "vllm", "fleet-ws2")["status"] == "UP"
-        with pytest.raises(RuntimeError_, match="No such server"):
-            api.set_command("set server vllm/fleet-ws9 state ready")
-    finally:
-        fake.close()
+def test_runtime_socket_drains_after_requests_finish(haproxy_socket):
+    fake = haproxy_socket("fleet-ws1", "fleet-ws2")
+    fake.scur["fleet-ws1"] = 1
+    api = RuntimeSocket(fake.path)
+    row = find_server(api.stat_rows(), "vllm", "fleet-ws1")
+    assert row["status"] == "UP"
+    cmds = commands_for(row["status"], "maint", "vllm", "fleet-ws1")
+    api.set_command(cmds[0])
+    row, _waited, finished = wait_for(lambda: find_server(api.stat_rows(), "vllm", "fleet-ws1"),
+                                      lambda r: in_flight(r) == 0, 5, 0.01)
+    assert finished and row["status"] == "DRAIN"
+    api.set_command(cmds[1])
+    assert find_server(api.stat_rows(), "vllm", "fleet-ws1")["status"] == "MAINT"
+    assert find_server(api.stat_rows(), "vllm", "fleet-ws2")["status"] == "UP"
+    with pytest.raises(RuntimeError_, match="No such server"):
+        api.set_command("set server vllm/fleet-ws9 state ready")
 
 
 def test_runtime_socket_missing_socket_says_what_to_check(tmp_path):
-    from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import RuntimeSocket
-
     with pytest.raises(RuntimeError_, match="is the gateway container running"):
         RuntimeSocket(str(tmp_path / "absent.sock")).stat_rows()

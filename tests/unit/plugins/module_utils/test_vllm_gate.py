@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, Response, run_gate
 
 MODELS = Response(200, json.dumps({"object": "list", "data": [{"id": "qwen3-lab", "object": "model"}]}))
@@ -8,17 +10,6 @@ COMPLETION = Response(200, json.dumps({"choices": [{"message": {"role": "assista
 METRICS = Response(200, "# HELP vllm:kv_cache_usage_perc KV-cache usage.\n"
                         'vllm:kv_cache_usage_perc{engine="0",model_name="qwen3-lab"} 0.0\n')
 HEALTHY = {"Running": True, "Status": "running", "Health": {"Status": "healthy"}}
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 class ScriptedServer:
@@ -44,13 +35,15 @@ def server(**overrides):
     return ScriptedServer(**answers)
 
 
-def gate(srv, state=lambda: HEALTHY, timeout=60, **config):
-    clock = FakeClock()
-    return run_gate(GateConfig(served_model_name="qwen3-lab", api_key="k", timeout=timeout, **config), srv, state,
-                    clock=clock, sleep=clock.sleep)
+@pytest.fixture
+def gate(fake_clock):
+    def run(srv, state=lambda: HEALTHY, timeout=60, **config):
+        return run_gate(GateConfig(served_model_name="qwen3-lab", api_key="k", timeout=timeout, **config), srv, state,
+                        clock=fake_clock, sleep=fake_clock.sleep)
+    return run
 
 
-def test_a_serving_server_passes_every_step_in_order():
+def test_a_serving_server_passes_every_step_in_order(gate):
     srv = server()
     result = gate(srv)
     assert result.passed, result.message
@@ -61,14 +54,14 @@ def test_a_serving_server_passes_every_step_in_order():
     assert result.completion["usage"]["completion_tokens"] == 1
 
 
-def test_gate_waits_while_the_model_loads():
+def test_gate_waits_while_the_model_loads(gate):
     srv = server(**{"/health": [ConnectionRefusedError("refused"), Response(503, ""), Response(200, "")]})
     result = gate(srv, poll_interval=5)
     assert result.passed
     assert result.step_seconds["health"] == 10
 
 
-def test_health_passing_is_not_enough_the_completion_must_work():
+def test_health_passing_is_not_enough_the_completion_must_work(gate):
     result = gate(server(**{"/v1/chat/completions": [Response(500, '{"error": "engine dead"}')]}), timeout=30)
     assert not result.passed
     assert result.failed_step == "completion"
@@ -76,26 +69,26 @@ def test_health_passing_is_not_enough_the_completion_must_work():
     assert "engine dead" in result.last_response
 
 
-def test_wrong_api_key_fails_at_once_with_the_reason():
+def test_wrong_api_key_fails_at_once_with_the_reason(gate):
     result = gate(server(**{"/v1/chat/completions": [Response(401, '{"error": "Unauthorized"}')]}))
     assert result.failed_step == "completion"
     assert "API key does not match" in result.message
 
 
-def test_wrong_served_name_fails_at_once():
+def test_wrong_served_name_fails_at_once(gate):
     other = Response(200, json.dumps({"data": [{"id": "other-model"}]}))
     result = gate(server(**{"/v1/models": [other]}))
     assert result.failed_step == "models"
     assert "'qwen3-lab' is not among ['other-model']" in result.message
 
 
-def test_missing_metric_fails_at_the_metrics_step():
+def test_missing_metric_fails_at_the_metrics_step(gate):
     result = gate(server(**{"/metrics": [Response(200, "vllm:num_requests_running 0\n")]}), timeout=10)
     assert result.failed_step == "metrics"
     assert "lacks vllm:kv_cache_usage_perc" in result.message
 
 
-def test_a_container_that_exits_while_loading_stops_the_gate_early():
+def test_a_container_that_exits_while_loading_stops_the_gate_early(gate):
     states = iter([HEALTHY | {"Health": {"Status": "starting"}},
                    {"Running": False, "Status": "exited", "ExitCode": 1}])
     result = gate(server(), state=lambda: next(states), timeout=900)
@@ -103,15 +96,15 @@ def test_a_container_that_exits_while_loading_stops_the_gate_early():
     assert "exit code 1" in result.message
 
 
-def test_a_missing_container_fails_the_first_step():
+def test_a_missing_container_fails_the_first_step(gate):
     result = gate(server(), state=lambda: None)
     assert result.failed_step == "container" and "does not exist" in result.message
 
 
-def test_container_dying_during_http_polling_is_reported_without_waiting_out_the_timeout():
+def test_container_dying_during_http_polling_is_reported_without_waiting_out_the_timeout(fake_clock):
     states = iter([HEALTHY, {"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": True}])
     srv = server(**{"/health": [ConnectionRefusedError("refused")]})
-    clock = FakeClock()
+    clock = fake_clock
     result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), srv, lambda: next(states),
                       clock=clock, sleep=clock.sleep)
     assert result.failed_step == "health"
@@ -119,13 +112,13 @@ def test_container_dying_during_http_polling_is_reported_without_waiting_out_the
     assert clock.now < 900
 
 
-def test_a_restart_since_the_gate_began_fails_it_without_waiting_for_the_backoff():
+def test_a_restart_since_the_gate_began_fails_it_without_waiting_for_the_backoff(fake_clock):
     # Seen in the lab: a restart policy brings vLLM back at once, so between crashes the container reads "running"
     # (health "starting") and "restarting" only in the growing backoff.
     starting = {"Running": True, "Status": "running", "Health": {"Status": "starting"}}
     states = iter([dict(starting, RestartCount=0), dict(starting, RestartCount=0),
                    dict(starting, RestartCount=1, ExitCode=1)])
-    clock = FakeClock()
+    clock = fake_clock
     result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), server(), lambda: next(states),
                       clock=clock, sleep=clock.sleep)
     assert result.failed_step == "container"
@@ -133,13 +126,13 @@ def test_a_restart_since_the_gate_began_fails_it_without_waiting_for_the_backoff
     assert clock.now < 900
 
 
-def test_restarts_before_the_gate_do_not_fail_a_healthy_server():
+def test_restarts_before_the_gate_do_not_fail_a_healthy_server(gate):
     # An unchanged server that Docker restarted once, days ago, serves: the count only matters if it grows.
     result = gate(server(), state=lambda: dict(HEALTHY, RestartCount=3))
     assert result.passed
 
 
-def test_a_crash_looping_container_is_reported_as_such():
+def test_a_crash_looping_container_is_reported_as_such(gate):
     looping = {"Running": True, "Restarting": True, "Status": "restarting", "ExitCode": 1}
     result = gate(server(), state=lambda: looping)
     assert result.failed_step == "container"

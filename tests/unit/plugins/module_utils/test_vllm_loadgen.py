@@ -3,91 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 
 import pytest
 
 from ansible_collections.onprem.vllm.plugins.module_utils import vllm_loadgen as lg
 
-KEY = "test-key-123456789"
-
-
-class FakeVllm:
-    """A tiny OpenAI-compatible streaming server on 127.0.0.1 (HTTP/1.1, chunked SSE like uvicorn)."""
-
-    def __init__(self, tokens=5, delay=0.002, status=200, role_chunk=True, keep_alive=False):
-        self.tokens, self.delay, self.status, self.role_chunk = tokens, delay, status, role_chunk
-        # keep_alive=False closes after each answer without saying so: a client's pooled connection then goes stale.
-        self.keep_alive = keep_alive
-        self.bodies = []
-        self.connections = 0
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def serve():
-            asyncio.set_event_loop(self.loop)
-            self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
-            self.port = self.server.sockets[0].getsockname()[1]
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        ready.wait(5)
-
-    @property
-    def url(self):
-        return "http://127.0.0.1:%d/v1" % self.port
-
-    async def handle(self, reader, writer):
-        self.connections += 1
-        while await self.answer(reader, writer) and self.keep_alive:
-            pass
-        writer.close()
-
-    async def answer(self, reader, writer):
-        """One request on the connection; False when the connection is done."""
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            return False
-        headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:] if ": " in line)
-        body = json.loads(await reader.readexactly(int(headers["Content-Length"])))
-        self.bodies.append(body)
-        if headers.get("Authorization") != "Bearer " + KEY or self.status != 200:
-            status = 401 if self.status == 200 else self.status
-            payload = b'{"error":"Unauthorized"}'
-            writer.write(b"HTTP/1.1 %d Nope\r\nContent-Length: %d\r\n\r\n%s" % (status, len(payload), payload))
-            await writer.drain()
-            return True
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-
-        def chunk(obj):
-            data = ("data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n").encode()
-            return b"%x\r\n%s\r\n" % (len(data), data)
-
-        if self.role_chunk:
-            writer.write(chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
-        for idx in range(self.tokens):
-            await asyncio.sleep(self.delay)
-            writer.write(chunk({"choices": [{"index": 0, "delta": {"content": "t%d" % idx}}]}))
-            await writer.drain()
-        writer.write(chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": self.tokens}}))
-        writer.write(chunk("[DONE]") + b"0\r\n\r\n")
-        await writer.drain()
-        return True
-
-    def stop(self):
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
 
 @pytest.fixture
-def server():
-    srv = FakeVllm()
-    yield srv
-    srv.stop()
+def server(fake_vllm):
+    return fake_vllm()
 
 
 def body(**kw):
@@ -147,7 +71,7 @@ def test_chat_url_forms():
 
 
 def test_one_streaming_request(server):
-    res = asyncio.run(lg.stream_chat(lg.chat_url(server.url), KEY, body()))
+    res = asyncio.run(lg.stream_chat(lg.chat_url(server.url), server.key, body()))
     assert res["ok"], res
     assert res["output_tokens"] == 5 and res["prompt_tokens"] == 7
     assert 0 < res["ttft"] < res["latency"]
@@ -156,7 +80,7 @@ def test_one_streaming_request(server):
 
 
 def test_sweep_aggregates(server):
-    out = lg.run_sweep(lg.chat_url(server.url), KEY, body(), [1, 3], {1: 4, 3: 6}, warmup=1)
+    out = lg.run_sweep(lg.chat_url(server.url), server.key, body(), [1, 3], {1: 4, 3: 6}, warmup=1)
     assert not out["partial"] and [lv["concurrency"] for lv in out["levels"]] == [1, 3]
     level = out["levels"][1]
     assert level["requests"] == 6 and level["successful"] == 6 and level["output_tokens"] == 30
@@ -169,7 +93,7 @@ def test_sweep_aggregates(server):
 
 def test_sweep_sends_a_list_of_bodies_in_request_order(server):
     bodies = [lg.build_body("m", "hello", max_tokens=n) for n in (7, 9, 11)]
-    out = lg.run_sweep(lg.chat_url(server.url), KEY, bodies, [1, 2], {1: 5, 2: 4}, warmup=1)
+    out = lg.run_sweep(lg.chat_url(server.url), server.key, bodies, [1, 2], {1: 5, 2: 4}, warmup=1)
     assert not out["partial"] and [lv["successful"] for lv in out["levels"]] == [5, 4]
     sent = [b["max_tokens"] for b in server.bodies]
     # Warm-up (the first body), then concurrency 1 in index order, cycling; at 2 the same four, in either order.
@@ -177,12 +101,9 @@ def test_sweep_sends_a_list_of_bodies_in_request_order(server):
     assert sorted(sent[6:]) == [7, 7, 9, 11]
 
 
-def test_sweep_keeps_connections_alive():
-    srv = FakeVllm(keep_alive=True)
-    try:
-        out = lg.run_sweep(lg.chat_url(srv.url), KEY, body(), [1, 3], {1: 4, 3: 6}, warmup=1)
-    finally:
-        srv.stop()
+def test_sweep_keeps_connections_alive(fake_vllm):
+    srv = fake_vllm(keep_alive=True)
+    out = lg.run_sweep(lg.chat_url(srv.url), srv.key, body(), [1, 3], {1: 4, 3: 6}, warmup=1)
     assert not out["partial"] and sum(lv["successful"] for lv in out["levels"]) == 10
     assert len(srv.bodies) == 11 and srv.connections <= 3
 
@@ -194,7 +115,7 @@ def test_wrong_key_is_a_clear_partial_result(server):
 
 
 def test_unreachable_host_is_a_clear_partial_result():
-    out = lg.run_sweep("http://127.0.0.1:9/v1/chat/completions", KEY, body(), [1], 2, warmup=0, timeout=5)
+    out = lg.run_sweep("http://127.0.0.1:9/v1/chat/completions", "any-key", body(), [1], 2, warmup=0, timeout=5)
     assert out["partial"] and out["levels"][0]["successful"] == 0
     assert "cannot reach" in out["notes"][0] or "timed out" in out["notes"][0]
 

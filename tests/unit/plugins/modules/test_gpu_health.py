@@ -2,37 +2,27 @@
 """Run the real gpu_health module through the ansible CLI with replayed nvidia-smi output and kernel logs."""
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import struct
-import subprocess
-import sys
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
-FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "gpu")
+import pytest
+
+FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "gpu"))
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 LOGS = os.path.join(FIXTURES, "kernel-logs")
-ANSIBLE = os.path.join(os.path.dirname(sys.executable), "ansible")
-if not os.path.exists(ANSIBLE):  # ansible installed apart from this interpreter
-    ANSIBLE = shutil.which("ansible") or ANSIBLE
 
 
-def run_health(case, **args):
-    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_DEPRECATION_WARNINGS="0")
-    module_args = {"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}
-    module_args.update(args)
-    if case:
-        env["FAKE_NVIDIA_SMI_CASE"] = os.path.join(FIXTURES, case)
-    cmd = [ANSIBLE, "localhost", "-c", "local", "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
-           "-m", "onprem.vllm.gpu_health", "-a", json.dumps(module_args)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
-    return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+@pytest.fixture
+def health(run_module):
+    """health(case, check=False, **args): the module, the fake nvidia-smi replaying the case."""
+    def run(case, check=False, **args):
+        env = {"FAKE_NVIDIA_SMI_CASE": os.path.join(FIXTURES, case)} if case else None
+        return run_module("gpu_health", dict({"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}, **args), env,
+                          check=check)
+    return run
 
 
-def fake_host(tmp_path, iommu_units=(), cmdline="ro quiet", acs_ctl=None):
+def iommu_host(tmp_path, iommu_units=(), cmdline="ro quiet", acs_ctl=None):
     """A fake /proc + /sys tree: GPU 0000:01:00.0 below bridge 0000:00:01.1 (sysfs layout, relative links)."""
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "cmdline").write_text(cmdline + "\n")
@@ -55,15 +45,15 @@ def fake_host(tmp_path, iommu_units=(), cmdline="ro quiet", acs_ctl=None):
     return str(tmp_path)
 
 
-def test_h200_clean():
-    result = run_health("h200-x1", kernel_log_path=os.path.join(LOGS, "clean.log"))
+def test_h200_clean(health):
+    result = health("h200-x1", kernel_log_path=os.path.join(LOGS, "clean.log"))
     assert result["changed"] is False and result["blocking"] is False and result["reasons"] == []
     assert result["gpus"][0]["uuid"] == "GPU-c3fbd34e-333c-b84b-75d2-81d8feda572f"
     assert result["kernel_log"]["readable"] is True
 
 
-def test_h200_with_recorded_xids_blocks():
-    result = run_health("h200-x1", kernel_log_path=os.path.join(LOGS, "xid-real.log"))
+def test_h200_with_recorded_xids_blocks(health):
+    result = health("h200-x1", kernel_log_path=os.path.join(LOGS, "xid-real.log"))
     assert result["blocking"] is True
     assert any(r.startswith("Xid 79 on GPU 0000:44:00.0") for r in result["reasons"])
     assert any(w.startswith("Xid 13 ") for w in result["warnings_list"])
@@ -73,39 +63,39 @@ def test_h200_with_recorded_xids_blocks():
     assert set(event) == {"code", "pci_bus_id", "message", "severity", "description", "log_prefix"}
 
 
-def test_ignore_xids():
-    result = run_health("h200-x1", kernel_log_path=os.path.join(LOGS, "xid-real.log"), ignore_xids=[79, 62])
+def test_ignore_xids(health):
+    result = health("h200-x1", kernel_log_path=os.path.join(LOGS, "xid-real.log"), ignore_xids=[79, 62])
     assert result["blocking"] is False
 
 
-def test_driver_mismatch_blocks():
-    result = run_health("driver-mismatch", kernel_log_path=os.path.join(LOGS, "clean.log"))
+def test_driver_mismatch_blocks(health):
+    result = health("driver-mismatch", kernel_log_path=os.path.join(LOGS, "clean.log"))
     assert result["blocking"] is True and result["driver_library_mismatch"] is True
     assert "Driver/library version mismatch" in result["reasons"][0]
 
 
-def test_no_driver_is_not_blocking():
-    result = run_health("no-driver", kernel_log_path=os.path.join(LOGS, "clean.log"))
+def test_no_driver_is_not_blocking(health):
+    result = health("no-driver", kernel_log_path=os.path.join(LOGS, "clean.log"))
     assert result["blocking"] is False and result["msg"].startswith("no NVIDIA GPU")
 
 
-def test_unreadable_kernel_log_is_a_clear_failure(tmp_path):
-    result = run_health("h200-x1", kernel_log_path=str(tmp_path / "missing.log"))
+def test_unreadable_kernel_log_is_a_clear_failure(tmp_path, health):
+    result = health("h200-x1", kernel_log_path=str(tmp_path / "missing.log"))
     assert result["failed"] is True
     assert result["msg"].startswith("kernel_log_path %s is not readable" % (tmp_path / "missing.log"))
     assert "Traceback" not in str(result.get("exception", ""))  # ansible-core 2.21 adds a placeholder key
 
 
-def test_missing_gpu_uuid_is_a_clear_failure():
-    result = run_health("h200-x1", kernel_log_path=os.path.join(LOGS, "clean.log"), gpu_uuids=["GPU-gone"])
+def test_missing_gpu_uuid_is_a_clear_failure(health):
+    result = health("h200-x1", kernel_log_path=os.path.join(LOGS, "clean.log"), gpu_uuids=["GPU-gone"])
     assert result["failed"] is True and "GPU-gone" in result["msg"] and "not present" in result["msg"]
 
 
-def test_iommu_and_acs_on_a_fake_host(tmp_path):
+def test_iommu_and_acs_on_a_fake_host(tmp_path, health):
     # two GPUs (the 5090 case) so that the P2P risks apply; the fake sysfs holds GPU 0000:01:00.0 under a bridge
     # with ACS SrcValid+ReqRedir+CmpltRedir set, and a translating IOMMU
-    root = fake_host(tmp_path, iommu_units=["dmar0"], cmdline="ro intel_iommu=on", acs_ctl=0x0D)
-    result = run_health("dual-5090-gns", kernel_log_path=os.path.join(LOGS, "clean.log"), host_root=root)
+    root = iommu_host(tmp_path, iommu_units=["dmar0"], cmdline="ro intel_iommu=on", acs_ctl=0x0D)
+    result = health("dual-5090-gns", kernel_log_path=os.path.join(LOGS, "clean.log"), host_root=root)
     assert result["iommu"]["mode"] == "translated"
     assert result["acs"][0]["bridges"][0]["bdf"] == "0000:00:01.1"
     assert result["acs"][0]["bridges"][0]["flags"]["ReqRedir"] is True
@@ -113,7 +103,17 @@ def test_iommu_and_acs_on_a_fake_host(tmp_path):
     assert result["blocking"] is False  # risks turn P2P off (gpu_topology), they do not stop the rollout
 
 
-def test_passthrough_iommu_and_acs_off(tmp_path):
-    root = fake_host(tmp_path, iommu_units=["dmar0"], cmdline="ro intel_iommu=on iommu=pt", acs_ctl=0)
-    result = run_health("dual-5090-gns", kernel_log_path=os.path.join(LOGS, "clean.log"), host_root=root)
+def test_passthrough_iommu_and_acs_off(tmp_path, health):
+    root = iommu_host(tmp_path, iommu_units=["dmar0"], cmdline="ro intel_iommu=on iommu=pt", acs_ctl=0)
+    result = health("dual-5090-gns", kernel_log_path=os.path.join(LOGS, "clean.log"), host_root=root)
     assert result["iommu"]["mode"] == "passthrough" and result["p2p_risks"] == []
+
+
+def test_check_apply_and_again_report_the_same_read_only_facts(health):
+    log = os.path.join(LOGS, "xid-real.log")
+    check, apply, again = (health("h200-x1", check=mode, kernel_log_path=log) for mode in (True, False, False))
+    for result in (check, apply, again):
+        assert result["changed"] is False and not result.get("failed"), result.get("msg")
+        assert result["blocking"] is True  # the recorded Xid 79
+    for key in ("gpus", "reasons", "xid_events", "kernel_log"):
+        assert check[key] == apply[key] == again[key], key

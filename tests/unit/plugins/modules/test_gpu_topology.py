@@ -4,43 +4,29 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
-FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "gpu")
+from ansible_collections.onprem.vllm.plugins.module_utils import gpu_select
+
+FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "gpu"))
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
-ANSIBLE = os.path.join(os.path.dirname(sys.executable), "ansible")
-if not os.path.exists(ANSIBLE):  # ansible installed apart from this interpreter
-    ANSIBLE = shutil.which("ansible") or ANSIBLE
+SMI_ARGS = {"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}
 
 
-def run_module(module, args, case=None, check=False):
-    """Returns the module's result dict (ansible's json callback)."""
-    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_DEPRECATION_WARNINGS="0")
-    if case:
-        env["FAKE_NVIDIA_SMI_CASE"] = os.path.join(FIXTURES, case)
-    cmd = [ANSIBLE, "localhost", "-c", "local", "-i", "localhost,", "-e", "ansible_python_interpreter=%s" % sys.executable,
-           "-m", "onprem.vllm.%s" % module, "-a", json.dumps(args)]
-    if check:
-        cmd.append("--check")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip(), "ansible printed nothing (rc=%s): %s" % (proc.returncode, proc.stderr[-2000:])
-    data = json.loads(proc.stdout)
-    return data["plays"][0]["tasks"][0]["hosts"]["localhost"]
+def case_env(case):
+    return {"FAKE_NVIDIA_SMI_CASE": os.path.join(FIXTURES, case)}
 
 
-def smi(case, **extra):
-    args = {"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}
-    args.update(extra)
-    return run_module("gpu_topology", args, case)
+@pytest.fixture
+def smi(run_module):
+    """smi(case, **args): the module with the nvidia-smi backend, the fake nvidia-smi replaying the case."""
+    def run(case, **extra):
+        return run_module("gpu_topology", dict(SMI_ARGS, **extra), case_env(case))
+    return run
 
 
-def test_h200_real_output():
+def test_h200_real_output(smi):
     result = smi("h200-x1", tensor_parallel_size=1)
     assert result["changed"] is False and result["status"] == "ok"
     assert result["driver_version"] == "580.159.04" and result["cuda_driver_version"] == "13.0"
@@ -52,7 +38,7 @@ def test_h200_real_output():
     assert result["plan"]["gpu_memory_bytes"] == 150754820096
 
 
-def test_live_capture_replays_to_the_live_facts():
+def test_live_capture_replays_to_the_live_facts(smi):
     """Replaying the raw outputs captured on the H200 gives what the module returned live there (nvidia-smi backend)."""
     with open(os.path.join(FIXTURES, "h200-x1", "live-2026-11-29", "facts.json")) as handle:
         live = json.load(handle)["gpu_topology/nvidia-smi"]
@@ -62,7 +48,7 @@ def test_live_capture_replays_to_the_live_facts():
     assert result["plan"]["selected_uuids"] == live["plan"]["selected_uuids"] == ["GPU-5c942d57-d31d-83af-4731-0fced0ecea57"]
 
 
-def test_dual_5090_gns_plan():
+def test_dual_5090_gns_plan(smi):
     result = smi("dual-5090-gns", tensor_parallel_size=2)
     assert result["links"]["0-1"]["p2p_read"] == "GNS"
     assert result["links"]["0-1"]["p2p_write"] is None  # not recorded in the source
@@ -70,52 +56,57 @@ def test_dual_5090_gns_plan():
     assert any("topo -p2p w" in w for w in result["warnings_list"])
 
 
-def test_dgx_nvswitch_and_numa():
+def test_dgx_nvswitch_and_numa(smi):
     result = smi("dgx-h100-nvswitch", tensor_parallel_size=4)
     assert result["gpu_count"] == 8 and result["nvswitch"]["present"] is True
     assert result["plan"]["selected_indices"] == [0, 1, 2, 3]
 
 
-def test_quad_3090_nvlink_pair():
+def test_quad_3090_nvlink_pair(smi):
     result = smi("quad-3090-nvlink-pairs", tensor_parallel_size=2)
     assert result["plan"]["selected_indices"] == [0, 2]
     assert result["plan"]["min_compute_capability"] == "8.6"
 
 
-def test_two_socket():
+def test_two_socket(smi):
     result = smi("two-socket-3090-sys")
     assert [g["numa_node"] for g in result["gpus"]] == [None, 1]
     assert "plan" not in result
 
 
-def test_check_mode_is_read_only():
-    result = run_module("gpu_topology", {"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}, "h200-x1", check=True)
-    assert result["changed"] is False and result["gpu_count"] == 1
+def test_check_apply_and_again_report_the_same_read_only_facts(run_module):
+    args = dict(SMI_ARGS, tensor_parallel_size=2)
+    check, apply, again = (run_module("gpu_topology", args, case_env("h200-x2"), check=mode) for mode in (True, False, False))
+    for result in (check, apply, again):
+        assert result["changed"] is False and not result.get("failed"), result.get("msg")
+        assert result["gpu_count"] == 2 and result["plan"]["ok"]
+    for key in ("gpus", "links", "nvswitch", "plan"):
+        assert check[key] == apply[key] == again[key], key
 
 
 # ---------- bad input and no GPU: clear messages, no traceback ----------
 
-def test_tp_larger_than_gpus_is_a_clear_plan_message():
+def test_tp_larger_than_gpus_is_a_clear_plan_message(smi):
     result = smi("h200-x1", tensor_parallel_size=4)
     assert not result.get("failed")
     assert result["plan"]["ok"] is False
     assert "tensor_parallel_size 4 needs 4 GPUs" in result["plan"]["msg"]
 
 
-def test_missing_uuid_is_a_clear_plan_message():
+def test_missing_uuid_is_a_clear_plan_message(smi):
     result = smi("h200-x1", tensor_parallel_size=1, gpu_uuids=["GPU-does-not-exist"])
     assert result["plan"]["ok"] is False and "GPU-does-not-exist" in result["plan"]["msg"]
 
 
 @pytest.mark.parametrize("case,status", [("driver-mismatch", "driver_library_mismatch"), ("no-driver", "no_driver")])
-def test_driver_failures(case, status):
+def test_driver_failures(case, status, smi):
     result = smi(case, tensor_parallel_size=2)
     assert not result.get("failed")
     assert result["status"] == status and result["gpus"] == [] and result["gpu_count"] == 0
     assert result["plan"]["ok"] is False
 
 
-def test_no_gpu_host_auto_backend():
+def test_no_gpu_host_auto_backend(run_module):
     """This machine has no NVIDIA driver: auto must answer gpus=[] with a message, not fail."""
     result = run_module("gpu_topology", {"backend": "auto"})
     if result.get("gpu_count"):
@@ -124,13 +115,13 @@ def test_no_gpu_host_auto_backend():
     assert result["gpus"] == [] and result["status"] in ("no_driver", "no_nvml") and result["msg"]
 
 
-def test_nonexistent_smi_path():
+def test_nonexistent_smi_path(run_module):
     result = run_module("gpu_topology", {"backend": "nvidia-smi", "nvidia_smi_path": "/nonexistent/nvidia-smi"})
     assert result["failed"] and result["msg"] == "nvidia_smi_path /nonexistent/nvidia-smi does not exist"
     assert "Traceback" not in str(result.get("exception", ""))  # ansible-core 2.21 adds a placeholder key
 
 
-def test_bad_backend_choice():
+def test_bad_backend_choice(run_module):
     result = run_module("gpu_topology", {"backend": "rocm"})
     assert result["failed"] and "backend" in result["msg"]
 
@@ -162,39 +153,57 @@ def smi_matrix(name):
     return cells
 
 
-@pytest.mark.parametrize("backend", ["nvml", "nvidia-smi"])
-def test_two_h200_links_and_p2p_match_nvidia_smi_for_every_pair(backend):
-    # The NVML backend never reads nvidia-smi: this compares two independent readings of the same machine.
-    live = x2_live_results()[("gpu_topology", backend, None)]
-    names = ("topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt", "topo-p2p-n.txt")
-    topo, reads, writes, nvlinks = (smi_matrix(name) for name in names)
-    pairs = ["%d-%d" % (i, j) for i in range(live["gpu_count"]) for j in range(i + 1, live["gpu_count"])]
-    assert live["gpu_count"] == 2 and sorted(live["links"]) == pairs
-    for pair in pairs:
-        i, j = pair.split("-")
-        assert topo[pair] == topo["%s-%s" % (j, i)] == live["links"][pair]["type"] == "NV18"
-        assert live["links"][pair]["nvlink_count"] == 18
-        assert reads[pair] == live["links"][pair]["p2p_read"] == "OK"
-        assert writes[pair] == live["links"][pair]["p2p_write"] == "OK"
-        assert nvlinks[pair] == live["links"][pair]["p2p_nvlink"] == "OK"
-    assert live["nvswitch"]["present"] is True
+def test_two_h200_links_and_p2p_parse_to_nvidia_smis_matrices_and_nvmls_reading(smi):
+    """The raw capture through the module (nvidia-smi backend): each pair's link and P2P status is what the matrices
+    say (read here by a separate, simpler reader) and what the NVML backend, which never runs nvidia-smi, read live
+    on the same machine."""
+    result = smi("h200-x2")
+    nvml = x2_live_results()[("gpu_topology", "nvml", None)]
+    topo, reads, writes, nvlinks = (smi_matrix(name) for name in
+                                    ("topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt", "topo-p2p-n.txt"))
+    assert result["status"] == "ok" and result["gpu_count"] == 2 and sorted(result["links"]) == ["0-1"]
+    link = result["links"]["0-1"]
+    assert link["type"] == topo["0-1"] == topo["1-0"] == "NV18" and link["nvlink_count"] == 18
+    assert link["p2p_read"] == reads["0-1"] == "OK"
+    assert link["p2p_write"] == writes["0-1"] == "OK"
+    assert link["p2p_nvlink"] == nvlinks["0-1"] == "OK"
+    assert result["links"] == nvml["links"]
+    assert result["nvswitch"]["present"] is nvml["nvswitch"]["present"] is True
+    assert [g["uuid"] for g in result["gpus"]] == [g["uuid"] for g in nvml["gpus"]] == X2_UUIDS
+
+
+def recorded_topology(backend):
+    """The GPUs and links a backend read on the two-H200 machine (its live record), as gpu_select takes them."""
+    if backend == "nvml":
+        live = x2_live_results()[("gpu_topology", "nvml", None)]
+        return {"gpus": live["gpus"], "links": live["links"]}
+    return None  # nvidia-smi: the raw capture replayed through the module
 
 
 @pytest.mark.parametrize("backend", ["nvml", "nvidia-smi"])
-def test_two_h200_gpu_sets_for_each_tensor_parallel_size(backend):
-    live = x2_live_results()
-    assert live[("gpu_topology", backend, 1)]["plan"]["selected_indices"] == [0]
-    assert live[("gpu_topology", backend, 1)]["plan"]["nccl_env"] == {}
-    both = live[("gpu_topology", backend, 2)]["plan"]
+def test_two_h200_gpu_sets_for_each_tensor_parallel_size(backend, smi):
+    """Each backend's reading of the machine through the decision code: which GPUs, which NCCL settings."""
+    def plan(tp):
+        topology = recorded_topology(backend)
+        return gpu_select.plan(topology, tp) if topology else smi("h200-x2", tensor_parallel_size=tp)["plan"]
+
+    one, both, three = plan(1), plan(2), plan(3)
+    assert one["ok"] and one["selected_indices"] == [0] and one["nccl_env"] == {}
     assert both["ok"] and both["selected_uuids"] == X2_UUIDS
-    # NVLink with P2P OK: P2P stays on and vLLM's custom all-reduce is kept (NCCL used P2P/CUMEM there, 0 NVLS channels).
-    assert both["nccl_env"] == {"NCCL_P2P_DISABLE": "0"} and both["disable_custom_all_reduce"] is False
+    # NVLink with P2P OK: P2P stays on and vLLM's custom all-reduce is kept; under exactly these settings
+    # (nccl-env.txt) NCCL's all-reduce ran there over P2P/CUMEM with the right sum (nccl-allreduce.log).
+    with open(os.path.join(X2_LIVE, "nccl-env.txt")) as handle:
+        measured_env = dict(line.strip().split("=", 1) for line in handle if line.strip())
+    assert both["nccl_env"] == measured_env == {"NCCL_P2P_DISABLE": "0"}
+    assert both["disable_custom_all_reduce"] is False
     assert both["gpu_memory_bytes"] == 150754820096
-    three = live[("gpu_topology", backend, 3)]["plan"]
     assert not three["ok"] and three["msg"].startswith("tensor_parallel_size 3 needs 3 GPUs, but only the 2 GPU(s)")
+    live = x2_live_results()
+    for tp, got in ((1, one), (2, both), (3, three)):  # and what the module decided live there
+        assert got == live[("gpu_topology", backend, tp)]["plan"], tp
 
 
-def test_two_h200_capture_replays_to_the_live_facts():
+def test_two_h200_capture_replays_to_the_live_facts(smi):
     """Replaying the raw outputs captured on the two-H200 machine gives what the module returned live there."""
     live = x2_live_results()[("gpu_topology", "nvidia-smi", 2)]
     result = smi("h200-x2", tensor_parallel_size=2)

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.onprem.vllm.plugins.modules import kv_headroom
 
@@ -14,14 +13,13 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "mode
 GIB = 1 << 30
 
 
-def call(capsys, **args):
-    with patch_module_args(args), pytest.raises(SystemExit) as exited:
-        kv_headroom.main()
-    return exited.value.code, json.loads(capsys.readouterr().out)
+@pytest.fixture
+def call(call_module):
+    return lambda **args: call_module(kv_headroom, **args)
 
 
-def test_fits_returns_the_facts(capsys):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+def test_fits_returns_the_facts(call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
                    max_model_len=32768, vllm_version="0.11.0", _ansible_check_mode=True)
     assert rc == 0 and out["fits"] and not out["changed"]
     for key in ("kv_bytes_per_token", "weights_bytes_per_gpu", "available_kv_cache_bytes", "num_gpu_blocks",
@@ -30,8 +28,8 @@ def test_fits_returns_the_facts(capsys):
     assert out["kv_cache_tokens"] == out["num_gpu_blocks"] * 16
 
 
-def test_misfit_fails_with_suggestion_and_facts(capsys):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"),
+def test_misfit_fails_with_suggestion_and_facts(call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"),
                    gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0")
     assert rc == 1 and out["failed"]
     assert "is not divisible by weight quantization block_n = 128" in out["msg"]
@@ -39,26 +37,26 @@ def test_misfit_fails_with_suggestion_and_facts(capsys):
     assert out["fits"] is False and out["num_gpu_blocks"] > 0
 
 
-def test_misfit_reported_without_failing(capsys):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Llama-3.1-8B-Instruct"),
+def test_misfit_reported_without_failing(call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Llama-3.1-8B-Instruct"),
                    available_kv_cache_bytes=4 * GIB, fail_on_misfit=False)
     assert rc == 0 and out["fits"] is False
     assert out["suggestions"]["max_model_len"] == 32768
 
 
-def test_gpu_memory_from_topology_facts(capsys):
+def test_gpu_memory_from_topology_facts(call):
     topology = {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "memory_total_bytes": 25757220864,
                           "memory_reserved_bytes": 333447168},
                          {"index": 1, "name": "NVIDIA GeForce RTX 4090", "memory_total_bytes": 25757220864,
                           "memory_reserved_bytes": 333447168}]}
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"), gpu_topology=topology,
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"), gpu_topology=topology,
                    tensor_parallel_size=2, max_model_len=16384, vllm_version="0.11.0")
     assert rc == 0, out
     assert out["gpu_memory_utilization"] == 0.9
 
 
-def test_cpu_lab_mode_without_gpu_memory(capsys):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-0.6B"), device="cpu",
+def test_cpu_lab_mode_without_gpu_memory(call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-0.6B"), device="cpu",
                    cpu_kv_cache_space_bytes=GIB, max_model_len=4096)
     assert rc == 0
     assert out["kv_cache_tokens"] == GIB // (28 * 8 * 128 * 2 * 2 * 16) * 16
@@ -71,22 +69,22 @@ def test_cpu_lab_mode_without_gpu_memory(capsys):
     ({"gpu_memory_bytes": GIB, "tensor_parallel_size": "2.5"}, "tensor_parallel_size"),
     ({}, "gpu_memory_bytes is required"),
 ])
-def test_bad_input_is_a_message_not_a_traceback(capsys, args, match):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), **args)
+def test_bad_input_is_a_message_not_a_traceback(args, match, call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), **args)
     assert rc == 1 and match in out["msg"]
     assert "Traceback" not in out["msg"]
 
 
-def test_config_missing_heads(capsys, tmp_path):
+def test_config_missing_heads(tmp_path, call):
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64,
                                                       "max_position_embeddings": 128}))
-    rc, out = call(capsys, model_config_path=str(tmp_path), gpu_memory_bytes=GIB)
+    rc, out = call(model_config_path=str(tmp_path), gpu_memory_bytes=GIB)
     assert rc == 1 and "num_attention_heads" in out["msg"]
 
 
-def test_misfit_message_gives_the_fixes_with_numbers(capsys):
+def test_misfit_message_gives_the_fixes_with_numbers(call):
     # Qwen3-8B at 40960 tokens x 8 requests on a 24 GiB GPU (vLLM 0.26 terms): short of KV at TP1
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=24 * GIB,
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=24 * GIB,
                    max_model_len=40960, min_concurrency=8, vllm_version="0.26.0")
     assert rc == 1 and out["fits"] is False
     longest = out["suggestions"]["max_model_len"]
@@ -99,8 +97,8 @@ def test_misfit_message_gives_the_fixes_with_numbers(capsys):
     assert "Not enough alone: no gpu_memory_utilization fits at tensor_parallel_size 1: it would take" in out["msg"]
 
 
-def test_auto_kv_cache_memory_returns_the_pool_to_render(capsys):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+def test_auto_kv_cache_memory_returns_the_pool_to_render(call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
                    max_model_len=32768, vllm_version="0.32.0", kv_cache_memory="auto", kv_cache_memory_margin_pct=3.0)
     assert rc == 0 and out["fits"]
     assert out["kv_cache_memory_bytes"] == out["available_kv_cache_bytes"] > 0
@@ -108,13 +106,23 @@ def test_auto_kv_cache_memory_returns_the_pool_to_render(capsys):
     assert out["kv_cache_memory_margin_bytes"] == -(-3 * out["gpu_memory_utilization"] * 80 * GIB // 100)
 
 
-def test_unset_kv_cache_memory_renders_nothing(capsys):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+def test_unset_kv_cache_memory_renders_nothing(call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
                    max_model_len=32768, vllm_version="0.32.0")
     assert rc == 0 and out["kv_cache_memory_bytes"] is None and out["kv_cache_memory_margin_bytes"] == 0
 
 
-def test_kv_cache_memory_on_a_vllm_without_the_flag_fails_clearly(capsys):
-    rc, out = call(capsys, model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
+def test_kv_cache_memory_on_a_vllm_without_the_flag_fails_clearly(call):
+    rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB,
                    vllm_version="0.9.2", kv_cache_memory="auto")
     assert rc == 1 and "needs vLLM 0.10.2 or later" in out["msg"] and "vllm_server_kv_cache_memory" in out["msg"]
+
+
+def test_check_apply_and_again_give_the_same_facts_and_change_nothing(call):
+    args = dict(model_config_path=os.path.join(FIXTURES, "Qwen3-8B"), gpu_memory_bytes=80 * GIB, max_model_len=32768,
+                vllm_version="0.32.0")
+    (rc1, check), (rc2, apply), (rc3, again) = (call(_ansible_check_mode=mode, **args) for mode in (True, False, False))
+    assert rc1 == rc2 == rc3 == 0
+    assert check["changed"] is False and apply["changed"] is False and again["changed"] is False
+    assert check["num_gpu_blocks"] == apply["num_gpu_blocks"] == again["num_gpu_blocks"] > 0
+    assert check == apply == again

@@ -1,0 +1,54 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The vllm_health_gate module against vLLM's endpoints served over real HTTP on 127.0.0.1 (the /metrics page is
+the one recorded from the lab's vLLM 0.32.0): check mode, applied, again; a wrong key, name or metric fails the
+step it belongs to, and the key never shows in the result."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible_collections.onprem.vllm.plugins.modules import vllm_health_gate
+
+STEPS = ["health", "models", "completion", "metrics"]
+
+
+@pytest.fixture
+def gate(call_module, vllm_endpoints):
+    def run(**args):
+        args = dict({"url": vllm_endpoints.url, "served_model_name": "q", "api_key": vllm_endpoints.key,
+                     "timeout": 5, "poll_interval": 0.1}, **args)
+        return call_module(vllm_health_gate, **args)
+    return run
+
+
+def test_check_apply_and_again_pass_every_step_and_change_nothing(gate, vllm_endpoints):
+    runs = [gate(_ansible_check_mode=mode) for mode in (True, False, False)]
+    for rc, result in runs:
+        assert rc == 0 and result["passed"] is True and result["changed"] is False, result.get("msg")
+        assert list(result["step_seconds"]) == ["container"] + STEPS and not result["failed_step"]
+        assert result["completion"]["usage"]["completion_tokens"] == 1
+    assert [path for _method, path, _auth in vllm_endpoints.seen] == [
+        "/health", "/v1/models", "/v1/chat/completions", "/metrics"] * 3
+    assert {auth for _m, _p, auth in vllm_endpoints.seen} == {"Bearer " + vllm_endpoints.key}
+
+
+def test_a_wrong_key_fails_at_the_first_step_behind_the_key_and_is_not_shown(gate):
+    rc, result = gate(api_key="not-the-key-42", timeout=1)
+    assert rc == 1 and result["failed"] and result["failed_step"] == "models" and "HTTP 401" in result["msg"]
+    assert "not-the-key-42" not in json.dumps(result)
+
+
+def test_a_wrong_served_name_fails_at_the_models_step(gate):
+    rc, result = gate(served_model_name="qwen3-lab")
+    assert rc == 1 and result["failed_step"] == "models" and "'qwen3-lab' is not among ['q']" in result["msg"]
+
+
+def test_a_metric_the_page_lacks_fails_at_the_metrics_step(gate):
+    rc, result = gate(required_metrics=["vllm:kv_cache_usage_perc", "vllm:no_such_metric"], timeout=1)
+    assert rc == 1 and result["failed_step"] == "metrics" and "vllm:no_such_metric" in result["msg"]
+
+
+def test_nothing_listening_fails_at_the_health_step_after_the_timeout(gate):
+    rc, result = gate(url="http://127.0.0.1:9", timeout=1)
+    assert rc == 1 and result["failed_step"] == "health" and "health gate failed at step 'health'" in result["msg"]
