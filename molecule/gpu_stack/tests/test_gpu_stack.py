@@ -68,7 +68,7 @@ def test_services_enabled(host):
     assert host.service("nvidia-fabricmanager").is_enabled
 
 
-def test_daemon_json_merged_by_both_roles(host):
+def test_daemon_json_has_the_toolkit_runtime_merged_by_its_owner(host):
     config = json.loads(host.file("/etc/docker/daemon.json").content_string)
     assert config["runtimes"]["nvidia"] == {"path": "nvidia-container-runtime", "args": []}
     assert config["live-restore"] is True and config["log-driver"] == "json-file"
