@@ -255,11 +255,7 @@ def save_image(args, tag: str, image_id: str, manifest: dict, report: dict) -> N
             and entry.get("tar_bytes") == tar.stat().st_size):
         report[f"save {tag}"] = f"up to date ({tar.relative_to(BUILD_DIR)})"
         return
-    tar.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tar.with_suffix(".tar.partial")
-    labctl.docker("save", "-o", str(tmp), tag)
-    tmp.chmod(0o644)  # docker save writes 0600; the share is read by every lab host
-    tmp.replace(tar)
+    how = labctl.save_image_archive(tag, image_id, tar)
     info = inspect_image(tag)
     manifest["images"][tag] = {
         "id": image_id,
@@ -270,7 +266,7 @@ def save_image(args, tag: str, image_id: str, manifest: dict, report: dict) -> N
         "vllm_version": VLLM_VERSION,
     }
     save_manifest(manifest)
-    report[f"save {tag}"] = f"saved {tar.relative_to(BUILD_DIR)} ({tar.stat().st_size / 1e9:.2f} GB)"
+    report[f"save {tag}"] = f"{how} {tar.relative_to(BUILD_DIR)} ({tar.stat().st_size / 1e9:.2f} GB)"
 
 
 # ---------------------------------------------------------------- checkpoint

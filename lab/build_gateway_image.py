@@ -84,13 +84,9 @@ def build(force: bool) -> str:
         print(f"{IMAGE_TAG} is up to date (recipe {recipe})")
     stamp = TAR.with_suffix(".id")
     if force or not TAR.exists() or not stamp.exists() or stamp.read_text().strip() != info["Id"]:
-        TAR.parent.mkdir(parents=True, exist_ok=True)
-        tmp = TAR.with_suffix(".tar.partial")
-        labctl.docker("save", "-o", str(tmp), IMAGE_TAG)
-        tmp.chmod(0o644)
-        tmp.replace(TAR)
+        how = labctl.save_image_archive(IMAGE_TAG, info["Id"], TAR)
         stamp.write_text(info["Id"] + "\n")
-        print(f"saved {TAR} ({TAR.stat().st_size / 1e6:.0f} MB)")
+        print(f"{how} {TAR} ({TAR.stat().st_size / 1e6:.0f} MB)")
     else:
         print(f"{TAR} is up to date")
     return info["Id"]

@@ -48,6 +48,9 @@ LAB_DIR = Path(__file__).resolve().parent
 BUILD_DIR = LAB_DIR / "build"
 DEFAULT_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 SHARE_DIR = BUILD_DIR / "share"  # mounted read-only at /srv/lab-share in every host: the air-gapped "file share"
+# `docker save` archives of the lab's images, shared by every checkout on this machine: CI clones the repository anew
+# each run, and a 3 GB save takes ~45 s where a hard link takes none. Deleting the folder only costs a save.
+ARCHIVE_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onprem-vllm-lab" / "archives"
 
 
 class LabError(Exception):
@@ -63,6 +66,35 @@ def docker(*args: str, check: bool = True, capture: bool = True, stdin=None) -> 
     if check and proc.returncode != 0:
         raise LabError(f"docker {' '.join(args[:3])} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return proc
+
+
+def save_image_archive(tag: str, image_id: str, dest: Path) -> str:
+    """Put `docker save TAG` (0644) at dest and return how: "linked" to this machine's cached archive of the same tag
+    and image ID, else "saved" afresh and kept in the cache (older archives of that tag leave it). Where the cache is
+    on another filesystem than dest, it is not used."""
+    slug = dest.stem
+    cached = ARCHIVE_CACHE / f"{slug}.{image_id.split(':')[-1][:16]}.tar"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tar.partial")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(cached, tmp)
+        how = "linked"
+    except OSError:  # no cached archive, or another filesystem
+        docker("save", "-o", str(tmp), tag)
+        tmp.chmod(0o644)  # docker save writes 0600; the share is read by every lab host
+        how = "saved"
+    tmp.replace(dest)
+    if how == "saved":
+        try:
+            ARCHIVE_CACHE.mkdir(parents=True, exist_ok=True)
+            for old in ARCHIVE_CACHE.glob("*.tar"):
+                if old.name.rsplit(".", 2)[0] == slug:
+                    old.unlink()
+            os.link(dest, cached)
+        except OSError:
+            pass
+    return how
 
 
 def require_docker() -> dict:

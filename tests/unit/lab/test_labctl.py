@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,63 @@ def test_stale_tags_go_and_an_image_in_use_stays(capsys):
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
         subprocess.run(["docker", "rmi", current, stale, in_use], capture_output=True, check=False)
+
+
+class FakeSave:
+    """Stands in for `docker save -o FILE TAG`: writes the tag's current content, counts the saves."""
+
+    def __init__(self):
+        self.saves = []
+        self.content = {}
+
+    def __call__(self, *args, **_):
+        assert args[:2] == ("save", "-o"), args
+        Path(args[2]).write_text(self.content[args[3]])
+        Path(args[2]).chmod(0o600)  # as docker save writes it
+        self.saves.append(args[3])
+
+
+@pytest.fixture
+def fake_save(monkeypatch, tmp_path):
+    fake = FakeSave()
+    monkeypatch.setattr(labctl, "docker", fake)
+    monkeypatch.setattr(labctl, "ARCHIVE_CACHE", tmp_path / "cache")
+    return fake
+
+
+def test_a_second_checkout_links_the_archive_instead_of_saving_it(fake_save, tmp_path):
+    fake_save.content["vllm/vllm-openai:v0.32.0"] = "image one"
+    first = tmp_path / "checkout1" / "images" / "vllm-openai_v0.32.0.tar"
+    second = tmp_path / "checkout2" / "images" / "vllm-openai_v0.32.0.tar"
+    assert labctl.save_image_archive("vllm/vllm-openai:v0.32.0", "sha256:" + "a" * 64, first) == "saved"
+    assert labctl.save_image_archive("vllm/vllm-openai:v0.32.0", "sha256:" + "a" * 64, second) == "linked"
+    assert fake_save.saves == ["vllm/vllm-openai:v0.32.0"]
+    assert second.read_text() == "image one" and os.path.samefile(first, second)
+    assert (first.stat().st_mode & 0o777) == 0o644  # every lab host reads the share
+    assert not list(first.parent.glob("*.partial")) and not list(second.parent.glob("*.partial"))
+
+
+def test_a_rebuilt_image_is_saved_again_and_replaces_only_its_own_tag_in_the_cache(fake_save, tmp_path):
+    dest = tmp_path / "share" / "vllm-openai_v0.32.0.tar"
+    other = tmp_path / "share" / "vllm-openai_v0.32.0-lab2.tar"
+    fake_save.content = {"vllm/vllm-openai:v0.32.0": "old", "vllm/vllm-openai:v0.32.0-lab2": "lab2"}
+    labctl.save_image_archive("vllm/vllm-openai:v0.32.0", "sha256:" + "1" * 64, dest)
+    labctl.save_image_archive("vllm/vllm-openai:v0.32.0-lab2", "sha256:" + "2" * 64, other)
+    fake_save.content["vllm/vllm-openai:v0.32.0"] = "new"
+    assert labctl.save_image_archive("vllm/vllm-openai:v0.32.0", "sha256:" + "3" * 64, dest) == "saved"
+    assert dest.read_text() == "new"
+    cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert cached == ["vllm-openai_v0.32.0-lab2." + "2" * 16 + ".tar", "vllm-openai_v0.32.0." + "3" * 16 + ".tar"]
+
+
+def test_a_cache_on_another_filesystem_falls_back_to_saving(fake_save, tmp_path, monkeypatch):
+    fake_save.content["haproxy:3.4.4-trixie"] = "gateway"
+    dest = tmp_path / "share" / "haproxy_3.4.4-trixie.tar"
+
+    def cross_device(*args):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(labctl.os, "link", cross_device)
+    for attempt in ("first", "second"):
+        assert labctl.save_image_archive("haproxy:3.4.4-trixie", "sha256:" + "b" * 64, dest) == "saved", attempt
+    assert dest.read_text() == "gateway" and fake_save.saves == ["haproxy:3.4.4-trixie"] * 2
