@@ -86,14 +86,18 @@ def save_image_archive(tag: str, image_id: str, dest: Path) -> str:
         how = "saved"
     tmp.replace(dest)
     if how == "saved":
+        # Into the cache only where it shares dest's filesystem; only then do the tag's older archives leave it.
+        staged = cached.with_suffix(".partial")
         try:
             ARCHIVE_CACHE.mkdir(parents=True, exist_ok=True)
-            for old in ARCHIVE_CACHE.glob("*.tar"):
-                if old.name.rsplit(".", 2)[0] == slug:
-                    old.unlink()
-            os.link(dest, cached)
+            staged.unlink(missing_ok=True)
+            os.link(dest, staged)
         except OSError:
-            pass
+            return how
+        for old in ARCHIVE_CACHE.glob("*.tar"):
+            if old.name.rsplit(".", 2)[0] == slug:
+                old.unlink()
+        staged.replace(cached)
     return how
 
 

@@ -136,6 +136,9 @@ def test_a_rebuilt_image_is_saved_again_and_replaces_only_its_own_tag_in_the_cac
 def test_a_cache_on_another_filesystem_falls_back_to_saving(fake_save, tmp_path, monkeypatch):
     fake_save.content["haproxy:3.4.4-trixie"] = "gateway"
     dest = tmp_path / "share" / "haproxy_3.4.4-trixie.tar"
+    kept = tmp_path / "cache" / ("haproxy_3.4.4-trixie." + "c" * 16 + ".tar")  # another checkout's, on its filesystem
+    kept.parent.mkdir()
+    kept.write_text("older gateway")
 
     def cross_device(*args):
         raise OSError(18, "Invalid cross-device link")
@@ -144,3 +147,4 @@ def test_a_cache_on_another_filesystem_falls_back_to_saving(fake_save, tmp_path,
     for attempt in ("first", "second"):
         assert labctl.save_image_archive("haproxy:3.4.4-trixie", "sha256:" + "b" * 64, dest) == "saved", attempt
     assert dest.read_text() == "gateway" and fake_save.saves == ["haproxy:3.4.4-trixie"] * 2
+    assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # the cache is left as it was
