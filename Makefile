@@ -23,13 +23,15 @@ prereqs-test:
 	tools/lab-prereqs.sh --test
 
 venv: $(VENV)/.installed
-# uv installs the lock in ~3 s where pip took ~60 s (pip byte-compiles every file it installs; Python compiles what it
-# imports on first use). --system-certs: the machine's CA store, which pip here is also told to use.
+# uv installs the lock and byte-compiles it on every core: measured here 58 s with pip, 28 s with uv. The bytecode
+# matters: where PYTHONDONTWRITEBYTECODE is set (CI's machines) Python never caches what it compiles, and without it
+# every ansible-playbook compiled its imports again (the molecule scenarios ran ~20 % slower). --system-certs: the
+# machine's CA store, which pip is also told to use here.
 UV_VERSION := 0.13.9
 $(VENV)/.installed: requirements.txt
 	test -x $(VENV)/bin/python || "$$(tools/find-python.sh)" -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(VENV)/bin/uv pip install -q --system-certs --python $(VENV)/bin/python -r requirements.txt
+	$(VENV)/bin/uv pip install -q --system-certs --compile-bytecode --python $(VENV)/bin/python -r requirements.txt
 	touch $@
 
 # Everything the lab hosts are given: base image, serving image and its tarballs, tiny checkpoint, gateway image, and
