@@ -65,13 +65,12 @@ sanity: venv
 unit: venv
 	pytest tests/unit -q -n auto
 
-# The scenarios of the test command, in order. In `make test` (tools/test.sh runs each as a timed stage) scenarios
-# joined by '+' run at once; those joined by '/' set up their hosts at once, then finish one by one (their gates
-# benchmark servers). `make molecule` runs them one by one without the other stages, `make test-fleet` the fleet
-# scenario (3 workstations + a gateway under a prober, monitored) alone.
-export MOLECULE_SCENARIOS := default+gpu_stack+gpu_workstation vllm_server/fleet
+# The scenarios of the test command, in order; scenarios joined by '+' run at once in `make test` (tools/test.sh runs
+# each as a timed stage). `make molecule` runs them one by one without the other stages, `make test-fleet` the
+# fleet scenario (3 workstations + a gateway under a prober, monitored) alone.
+export MOLECULE_SCENARIOS := default+gpu_stack+gpu_workstation vllm_server fleet
 molecule: venv lab-artifacts
-	for scenario in $(subst /, ,$(subst +, ,$(MOLECULE_SCENARIOS))); do tools/timed.sh molecule-$$scenario molecule test -s $$scenario || exit 1; done
+	for scenario in $(subst +, ,$(MOLECULE_SCENARIOS)); do tools/timed.sh molecule-$$scenario molecule test -s $$scenario || exit 1; done
 
 test-fleet: venv lab-artifacts
 	molecule test -s fleet
