@@ -25,9 +25,9 @@ prereqs-test:
 venv: $(VENV)/.installed
 # uv installs the lock (pip took ~60 s here, uv ~3 s), then Python byte-compiles it on every core, leaving out the
 # ~100 collections the ansible package bundles beyond galaxy.yml's dependencies (13,600 of its 17,700 files). The
-# bytecode matters: where PYTHONDONTWRITEBYTECODE is set (CI's machines) Python never caches what it compiles, and without it
-# every ansible-playbook compiled its imports again (the scenarios ran ~20 % slower). --system-certs: the machine's CA
-# store, which pip is also told to use here.
+# bytecode matters: where PYTHONDONTWRITEBYTECODE is set (CI's machines) Python never caches what it compiles, and
+# without it every ansible-playbook compiled its imports again (the scenarios ran ~20 % slower). --system-certs: the
+# machine's CA store, which pip is also told to use here.
 UV_VERSION := 0.13.9
 $(VENV)/.installed: requirements.txt
 	test -x $(VENV)/bin/python || "$$(tools/find-python.sh)" -m venv $(VENV)
