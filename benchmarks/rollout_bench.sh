@@ -12,5 +12,5 @@ python3 lab/labctl.py up --workstations 3 --gateway
 python3 lab/build_artifacts.py
 python3 lab/build_gateway_image.py
 # The fleet on FROM_TAG first (a no-op when it already is), then the measured rollout to TO_TAG.
-ansible-playbook site.yml -i inventories/lab -e vllm_server_image_tag="$FROM_TAG" -e onprem_vllm_rollout_require_gateway=true
+ansible-playbook site.yml -i inventories/lab -e onprem_vllm_image_tag="$FROM_TAG" -e onprem_vllm_rollout_require_gateway=true
 ansible-playbook benchmarks/rollout_bench.yml -i inventories/lab -e fleet_bench_tag="$TO_TAG" -e fleet_bench_name=bench

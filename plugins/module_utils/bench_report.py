@@ -176,7 +176,7 @@ def _esc(value):
 
 def _kv_rows(plan):
     if not plan:
-        return "<p>No KV-cache prediction for this host (gpu_preflight did not publish <code>gpu_preflight_kv_plan</code>).</p>"
+        return "<p>No KV-cache prediction for this host (gpu_preflight did not publish <code>gpu_preflight_result.kv_plan</code>).</p>"
     rows = []
     for key in sorted(plan):
         value = plan[key]

@@ -139,8 +139,8 @@ def plan(found, tensor_parallel_size, pipeline_parallel_size=1):
     elif found["gpu_count"] < needed:
         listing = ", ".join("%s %s" % (g["address"], g["name"]) for g in found["gpus"]) or "none"
         errors.append("the plan needs tensor_parallel_size x pipeline_parallel_size = %d x %d = %d GPUs, and the PCI "
-                      "bus shows %d NVIDIA GPU(s) (%s): lower vllm_server_tensor_parallel_size / "
-                      "vllm_server_pipeline_parallel_size to fit, or serve this model on a host with %d GPUs"
+                      "bus shows %d NVIDIA GPU(s) (%s): lower onprem_vllm_tensor_parallel_size / "
+                      "onprem_vllm_pipeline_parallel_size to fit, or serve this model on a host with %d GPUs"
                       % (int(tensor_parallel_size), int(pipeline_parallel_size), needed, found["gpu_count"], listing,
                          needed))
     elif not found["unknown"]:

@@ -13,7 +13,7 @@ The image's CUDA version, from its tag:
 - Before 0.20 the unsuffixed images were CUDA 12.x builds (12.8 and 12.9 over the 0.1x releases: vllm-project/vllm
   #37847 quotes the v0.18.0 docs, "binaries compiled with CUDA 12.8 / 12.9 / 13.0"; #30633 reads 0.11.0's wheels as
   CUDA 12.9). Which minor a given old tag used is not recorded here, so it is taken as CUDA 12.8 (the lowest of
-  those, R570); a host on R570 with such an image should set the image's CUDA explicitly (vllm_server_image_cuda).
+  those, R570); a host on R570 with such an image should set the image's CUDA explicitly (onprem_vllm_image_cuda).
   Older than 0.10 is outside what this collection deploys and is treated the same way.
 
 The minimum driver per CUDA toolkit: NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver
@@ -72,14 +72,14 @@ def image_cuda(tag, cuda_override=""):
     if cuda_override:
         cuda = parse_cuda(cuda_override)
         if cuda is None:
-            return None, "", ("vllm_server_image_cuda=%r is not a CUDA version such as \"12.9\" or \"13.0\" (leave it "
+            return None, "", ("onprem_vllm_image_cuda=%r is not a CUDA version such as \"12.9\" or \"13.0\" (leave it "
                               "empty to read it from the image tag)" % cuda_override)
-        return cuda, "CUDA %s as stated by vllm_server_image_cuda" % cuda_str(cuda), None
+        return cuda, "CUDA %s as stated by onprem_vllm_image_cuda" % cuda_str(cuda), None
     match = _TAG_RE.match(tag)
     if not match:
-        return None, "", ("vllm_server_image_tag=%r is not a vLLM release tag such as v0.32.0 or v0.32.0-cu129: the "
+        return None, "", ("onprem_vllm_image_tag=%r is not a vLLM release tag such as v0.32.0 or v0.32.0-cu129: the "
                           "CUDA version the image needs cannot be read from it (pin a release, or state the image's "
-                          "CUDA in vllm_server_image_cuda)" % tag)
+                          "CUDA in onprem_vllm_image_cuda)" % tag)
     suffix = _CU_SUFFIX_RE.search(match.group("rest"))
     if suffix:
         cuda = (int(suffix.group("major")), int(suffix.group("minor")))
@@ -140,7 +140,7 @@ def check(tag, cuda_override="", planned_branch="", installed_version=""):
         fix = ['set nvidia_driver_branch: "%d" (or newer)' % branch_needed if have_branch < branch_needed
                else "upgrade the driver to %s or newer (nvidia_driver_package_state: latest)" % version_needed]
         if variant and variant != str(tag):
-            fix.append("pin vllm_server_image_tag: %s (CUDA %s, runs on R%d)" % (variant, cuda_str(newest), have_branch))
+            fix.append("pin onprem_vllm_image_tag: %s (CUDA %s, runs on R%d)" % (variant, cuda_str(newest), have_branch))
         elif newest:
             fix.append("pin a vLLM image built for CUDA %s or older (a vLLM release before 0.20, or a -cu%d%d tag "
                        "where the release has one)" % (cuda_str(newest), newest[0], newest[1]))

@@ -91,7 +91,7 @@ def actual_from_labels(labels: dict, max_model_len: Optional[int] = None) -> Opt
 
 
 def predicted_from_plan(plan: Optional[dict]) -> Optional[dict]:
-    """The part of a kv_headroom result (gpu_preflight_kv_plan) a deployment record keeps; None without a plan."""
+    """The part of a kv_headroom result (gpu_preflight_result.kv_plan) a deployment record keeps; None without a plan."""
     if not plan or plan.get("kv_cache_tokens") in (None, ""):
         return None
     return {key: plan.get(key) for key in PREDICTED_KEYS}

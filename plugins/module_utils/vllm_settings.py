@@ -101,6 +101,6 @@ def _model_errors(model, prefix: str) -> list[str]:
         if ".." in model.split("/") or not normalized.startswith(CONTAINER_HF_CACHE + "/"):
             return [f"{key} is the path {model!r}, which the server's container does not have: only the HF cache "
                     f"is mounted, at {CONTAINER_HF_CACHE}. Put the model under the host's HF cache directory "
-                    f"(vllm_server_hf_cache_path) and name it {CONTAINER_HF_CACHE}/<its path there>, or use its "
+                    f"({prefix}hf_cache_path) and name it {CONTAINER_HF_CACHE}/<its path there>, or use its "
                     f"Hugging Face id."]
     return []

@@ -159,7 +159,7 @@ EXAMPLES = r"""
     targets:
       - name: ws1
         url: http://172.30.99.11:8000/v1
-        api_key: "{{ vllm_server_api_key }}"
+        api_key: "{{ onprem_vllm_api_key }}"
         model: qwen3-lab
     concurrency: [1, 4, 8, 16, 32]
     max_tokens: 128

@@ -68,7 +68,7 @@ EXAMPLES = r"""
   onprem.vllm.vllm_health_gate:
     url: http://127.0.0.1:8000
     served_model_name: qwen3-30b-a3b
-    api_key: "{{ vllm_server_api_key }}"
+    api_key: "{{ onprem_vllm_api_key }}"
     container_name: vllm
     timeout: 900
 """

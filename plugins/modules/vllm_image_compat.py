@@ -53,7 +53,7 @@ attributes:
 EXAMPLES = r"""
 - name: Refuse a driver branch the image cannot run on
   onprem.vllm.vllm_image_compat:
-    image_tag: "{{ vllm_server_image_tag }}"
+    image_tag: "{{ onprem_vllm_image_tag }}"
     planned_branch: "{{ nvidia_driver_branch }}"
 
 - name: Check the driver the host runs

@@ -25,7 +25,7 @@ options:
     default: ""
   predicted:
     description: >-
-      The KV plan (the result of C(onprem.vllm.kv_headroom), as C(gpu_preflight_kv_plan) publishes it); empty when
+      The KV plan (the result of C(onprem.vllm.kv_headroom), as gpu_preflight_result.kv_plan publishes it); empty when
       no plan reached the caller (then only the actual allocation is recorded).
     type: dict
     default: {}
@@ -50,7 +50,7 @@ EXAMPLES = r"""
 - name: Record the KV cache vLLM allocated against the plan
   onprem.vllm.vllm_kv_check:
     url: http://127.0.0.1:8000
-    predicted: "{{ gpu_preflight_kv_plan }}"
+    predicted: "{{ gpu_preflight_result.kv_plan }}"
     max_difference_pct: 5
   register: kv
 """

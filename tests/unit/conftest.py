@@ -2,6 +2,8 @@
 """The helpers the unit tests share, as fixtures (tests/unit has no packages, so a test file cannot import another):
 
 - run_module / run_playbook: the real module or role through the ansible CLI on this machine (local connection);
+  run_playbook gives every play the example inventory's plan (PLAN: what a role defaults from), the test's own
+  variables over it (a variable given as "<unset>" is left out);
 - call_module: a module's main() in this process, for modules whose inputs are all arguments;
 - fake_host: a /proc + /sys tree of a host (PCI devices, loaded driver, kernel modules, Secure Boot);
 - fake_clock: a clock whose sleep() only moves it on;
@@ -26,6 +28,19 @@ import threading
 import pytest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _example_plan():
+    import yaml
+
+    with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "plan.yml")) as plan:
+        return dict(yaml.safe_load(plan), onprem_vllm_api_key="", onprem_vllm_advertise_host="127.0.0.1")
+
+
+# The plan (onprem_vllm_*) of inventories/example, less its two templated values (a Vault key, a host address).
+PLAN = _example_plan()
+# A variable given this value is left out of the play (a plan variable the inventory lacks).
+UNSET = "<unset>"
 
 
 def pytest_configure(config):
@@ -103,12 +118,14 @@ class PlaybookRun:
 def run_playbook(tmp_path):
     """run_playbook(text, variables, inventory=None, env=None, host="localhost") -> PlaybookRun.
 
-    Without an inventory the play runs on localhost (local connection); variables go in as extra vars (JSON)."""
+    Without an inventory the play runs on localhost (local connection); the plan and the variables go in as extra
+    vars (JSON)."""
 
     def run(text, variables, inventory=None, env=None, host="localhost", timeout=180):
         book = tmp_path / "_play.yml"
         book.write_text(text)
-        variables = dict({"ansible_python_interpreter": sys.executable}, **variables)
+        variables = {name: value for name, value in dict(PLAN, ansible_python_interpreter=sys.executable,
+                                                         **variables).items() if value != UNSET}
         if inventory is None:
             target = ["-i", "localhost,", "-c", "local"]
         else:

@@ -37,7 +37,7 @@ NVIDIA = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []
      {"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime", "args": []}}}),
     ({"container_toolkit_configure_docker": False}, {}),
     ({"container_toolkit_enabled": False}, {}),
-    ({"gpu_preflight_cpu_mode": True}, {}),  # the lab: the role is off, so no runtime is registered
+    ({"onprem_vllm_cpu_mode": True}, {}),  # the lab: the role is off, so no runtime is registered
 ], ids=["gpu-host", "runtime-path", "configure-docker-off", "role-off", "lab-cpu-mode"])
 def test_toolkit_publishes_only_the_nvidia_runtime(run_playbook, variables, expected):
     result = run_playbook(KEYS_PLAYBOOK, variables)

@@ -21,11 +21,11 @@ PLAYBOOK = """
     - name: Dump the published facts
       ansible.builtin.debug:
         msg:
-          uuids: "{{ gpu_preflight_selected_gpu_uuids }}"
-          nccl: "{{ gpu_preflight_nccl_env }}"
-          car: "{{ gpu_preflight_disable_custom_all_reduce }}"
-          mem: "{{ gpu_preflight_gpu_memory_bytes }}"
-          cpu: "{{ gpu_preflight_cpu_mode }}"
+          uuids: "{{ gpu_preflight_result.gpu_uuids }}"
+          nccl: "{{ gpu_preflight_result.nccl_env }}"
+          car: "{{ gpu_preflight_result.disable_custom_all_reduce }}"
+          mem: "{{ gpu_preflight_result.gpu_memory_bytes }}"
+          cpu: "{{ gpu_preflight_result.cpu_mode }}"
 """
 
 
@@ -57,7 +57,7 @@ def test_cpu_mode_passes_without_gpu(play):
 def test_gpu_mode_without_gpu_fails_clearly(play):
     rc, tasks = play("no-driver")
     assert rc != 0
-    assert "No NVIDIA GPU on localhost" in failure(tasks) and "gpu_preflight_cpu_mode: true" in failure(tasks)
+    assert "No NVIDIA GPU on localhost" in failure(tasks) and "onprem_vllm_cpu_mode: true" in failure(tasks)
 
 
 def test_mismatch_fails_even_in_cpu_mode(play):

@@ -1,6 +1,6 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""hf_cache_revision: main, as inventories/example pins it, against the lab share's model tarball (it carries
-refs/main): hf_cache resolves it once to the commit and publishes hf_cache_resolved_commit; the playbooks' wiring
+"""The plan's revision main, as inventories/example pins it, against the lab share's model tarball (it carries
+refs/main): hf_cache resolves it once to the commit and publishes it (hf_cache_result.commit); the playbooks' wiring
 (playbooks/tasks/model_commit.yml) hands that commit to vllm_server, whose offline-cache check passes on
 snapshots/<commit>; a later run that did not stage (rollout.yml alone) resolves the same commit read-only; and
 vllm_server given a branch name is refused with what to change."""
@@ -34,7 +34,7 @@ PLAYBOOK = """
     - name: Dump
       ansible.builtin.debug:
         msg:
-          resolved: "{{{{ hf_cache_resolved_commit | default('') }}}}"
+          resolved: "{{{{ hf_cache_result.commit | default('') }}}}"
           commit: "{{{{ _onprem_model_commit }}}}"
           args: "{{{{ _vllm_server_args }}}}"
 """
@@ -49,13 +49,12 @@ def run(run_playbook, tmp_path, free_port):
     def play(stage=True, **extra):
         variables = {
             "stage": stage,
-            "hf_cache_model": "onprem-lab/tiny-qwen3", "hf_cache_revision": "main", "hf_cache_source": "archive",
-            "hf_cache_archive": ARCHIVES[-1], "hf_cache_archive_remote_src": True,
-            "hf_cache_path": str(tmp_path / "hf"), "hf_cache_free_space_margin_bytes": 0,
-            "vllm_server_cpu_mode": True, "vllm_server_model": "onprem-lab/tiny-qwen3",
-            "vllm_server_tensor_parallel_size": 1, "vllm_server_served_model_name": "qwen3-lab",
-            "vllm_server_container_name": "gpuws-test-vllm-absent", "vllm_server_hf_cache_path": str(tmp_path / "hf"),
-            "vllm_server_port": free_port(),
+            "onprem_vllm_model": "onprem-lab/tiny-qwen3", "onprem_vllm_model_revision": "main",
+            "onprem_vllm_hf_cache_path": str(tmp_path / "hf"), "onprem_vllm_cpu_mode": True,
+            "onprem_vllm_tensor_parallel_size": 1, "onprem_vllm_served_model_name": "qwen3-lab",
+            "onprem_vllm_container_name": "gpuws-test-vllm-absent", "onprem_vllm_port": free_port(),
+            "hf_cache_source": "archive", "hf_cache_archive": ARCHIVES[-1], "hf_cache_archive_remote_src": True,
+            "hf_cache_free_space_margin_bytes": 0,
         }
         result = run_playbook(PLAYBOOK.format(root=ROOT), dict(variables, **extra), timeout=240)
         dump = [r["msg"] for r in result.results if isinstance(r.get("msg"), dict) and "commit" in r["msg"]]
@@ -84,4 +83,4 @@ def test_rollout_alone_on_an_unstaged_host_is_refused(run):
 def test_vllm_server_refuses_a_branch_name(run):
     msg, dummy = run(revision_override="main")
     assert "vllm_server_model_revision must be the 40-hex commit the server runs, not 'main'" in msg
-    assert "hf_cache_resolved_commit" in msg
+    assert "hf_cache_result.commit" in msg

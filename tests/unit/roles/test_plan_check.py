@@ -1,7 +1,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The plan check (roles/plan_check) through ansible-playbook on this machine (local connection), on simulated bare
-hosts: a PCI sysfs tree (plan_check_sysfs_root) and a /proc + /sys tree for the driver detection
-(nvidia_driver_host_root). Each bad input is refused with what to change, before anything could be installed."""
+"""The plan check (playbooks/plan.yml: roles/plan_check with the driver plan and the KV step it wires in) through
+ansible-playbook on this machine (local connection), on simulated bare hosts: a PCI sysfs tree (plan_check_sysfs_root)
+and a /proc + /sys tree for the driver detection (nvidia_driver_host_root). Each bad input is refused with what to
+change, before anything could be installed."""
 from __future__ import annotations
 
 import os
@@ -9,17 +10,21 @@ import os
 import pytest
 
 MODELS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "models"))
+PLAN_PLAYBOOK = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "playbooks", "plan.yml"))
 PLAYBOOK = """
-- name: Plan check under test
-  hosts: localhost
+- name: The plan check under test
+  ansible.builtin.import_playbook: %s
+
+- name: Dump the plan
+  hosts: vllm_servers
   gather_facts: false
-  roles:
-    - role: plan_check
-  post_tasks:
-    - name: Dump the plan
+  tasks:
+    - name: Dump the plan and the KV plan
       ansible.builtin.debug:
-        var: plan_check_result
-"""
+        msg:
+          plan_check_result: "{{ plan_check_result | combine({'kv_plan': gpu_preflight_result.kv_plan}) }}"
+""" % PLAN_PLAYBOOK
+INVENTORY = "[vllm_servers]\nlocalhost ansible_connection=local\n"
 RTX4090 = ("0x10de", "0x2684", "0x030000")
 RTX3090 = ("0x10de", "0x2204", "0x030000")
 
@@ -39,15 +44,12 @@ def run_plan(run_playbook, gpu_host):
         host_root = host_root or gpu_host()
         variables = {
             "plan_check_sysfs_root": os.path.join(host_root, "sys"), "nvidia_driver_host_root": host_root,
-            "hf_cache_model": "Qwen/Qwen3-30B-A3B-FP8", "hf_cache_revision": "main", "hf_cache_source": "none",
-            "vllm_server_image_tag": "v0.32.0", "vllm_server_tensor_parallel_size": 2,
-            "vllm_server_max_model_len": 32768, "vllm_server_gpu_memory_utilization": 0.9,
-            "vllm_server_max_num_seqs": 64, "vllm_server_max_num_batched_tokens": 8192,
+            "hf_cache_source": "none",
             "gpu_preflight_model_config_path": os.path.join(MODELS, "Qwen3-30B-A3B-FP8", "config.json"),
             "nvidia_driver_branch": "580",
         }
-        result = run_playbook(PLAYBOOK, dict(variables, **overrides))
-        plan = [r for r in result.results if "plan_check_result" in r]
+        result = run_playbook(PLAYBOOK, dict(variables, **overrides), inventory=INVENTORY)
+        plan = [r["msg"] for r in result.results if "plan_check_result" in r.get("msg", {})]
         return result.failure(), (plan[-1]["plan_check_result"] if plan else None)
     return run
 
@@ -64,7 +66,7 @@ def test_fewer_gpus_than_tp_times_pp_is_refused(run_plan, gpu_host):
     msg, dummy = run_plan(gpu_host(gpus=(RTX4090,)))
     assert msg.startswith("Plan check refused localhost (nothing was changed):")
     assert "2 x 1 = 2 GPUs, and the PCI bus shows 1 NVIDIA GPU(s) (0000:01:00.0 NVIDIA GeForce RTX 4090)" in msg
-    assert "lower vllm_server_tensor_parallel_size" in msg
+    assert "lower onprem_vllm_tensor_parallel_size" in msg
 
 
 def test_gpu_too_small_for_the_plan_is_refused(run_plan, gpu_host):
@@ -82,7 +84,7 @@ def test_driver_branch_older_than_the_image_needs_is_refused(run_plan):
 
 
 def test_cu129_image_on_r575_passes(run_plan):
-    msg, plan = run_plan(nvidia_driver_branch="575", vllm_server_image_tag="v0.32.0-cu129")
+    msg, plan = run_plan(nvidia_driver_branch="575", onprem_vllm_image_tag="v0.32.0-cu129")
     assert msg is None and plan["image_cuda"] == "12.9"
 
 
@@ -106,23 +108,23 @@ def test_several_refusals_come_in_one_message(run_plan, gpu_host):
 
 
 def test_unpinned_image_is_refused(run_plan):
-    msg, dummy = run_plan(vllm_server_image_tag="latest")
-    assert "vllm_server_image_tag must pin a release: pin a tag like v0.32.0 (got 'latest'" in msg
+    msg, dummy = run_plan(onprem_vllm_image_tag="latest")
+    assert "onprem_vllm_image_tag must pin a release: pin a tag like v0.32.0 (got 'latest'" in msg
 
 
 def test_bad_numbers_are_refused_by_the_plan_check(run_plan):
-    """The plan check uses the same settings check as vllm_server and the rollout (module_utils/vllm_settings.py)."""
-    msg, dummy = run_plan(vllm_server_max_model_len=0, vllm_server_max_num_batched_tokens=-1,
-                          vllm_server_tensor_parallel_size=0, vllm_server_served_model_name="qwen 3")
-    for expected in ("vllm_server_max_model_len must be a whole number >= 1 (got 0)",
-                     "vllm_server_max_num_batched_tokens must be a whole number >= 1 (got -1)",
-                     "vllm_server_tensor_parallel_size must be a whole number >= 1 (got 0)",
-                     "vllm_server_served_model_name must be a non-empty name without spaces"):
+    """The plan check uses the same settings check as vllm_server (module_utils/vllm_settings.py), naming the plan."""
+    msg, dummy = run_plan(onprem_vllm_max_model_len=0, onprem_vllm_max_num_batched_tokens=-1,
+                          onprem_vllm_tensor_parallel_size=0, onprem_vllm_served_model_name="qwen 3")
+    for expected in ("onprem_vllm_max_model_len must be a whole number >= 1 (got 0)",
+                     "onprem_vllm_max_num_batched_tokens must be a whole number >= 1 (got -1)",
+                     "onprem_vllm_tensor_parallel_size must be a whole number >= 1 (got 0)",
+                     "onprem_vllm_served_model_name must be a non-empty name without spaces"):
         assert expected in msg
 
 
 def test_empty_model_pin_is_refused(run_plan):
-    msg, dummy = run_plan(hf_cache_revision="")
+    msg, dummy = run_plan(onprem_vllm_model_revision="")
     assert "pin hf_cache_revision to a 40-hex commit or a branch/tag name" in msg
 
 
@@ -137,9 +139,14 @@ def test_unknown_gpu_needs_a_declaration_then_passes(run_plan, gpu_host):
 
 
 def test_lab_cpu_mode_skips_the_gpu_steps(run_plan, gpu_host):
-    msg, plan = run_plan(gpu_host(gpus=()), gpu_preflight_cpu_mode=True,
-                         vllm_server_tensor_parallel_size=1, vllm_server_max_model_len=2048,
-                         vllm_server_max_num_batched_tokens=2048, vllm_server_max_num_seqs=16,
-                         gpu_preflight_cpu_kv_cache_space_gib=1,
+    msg, plan = run_plan(gpu_host(gpus=()), onprem_vllm_cpu_mode=True,
+                         onprem_vllm_tensor_parallel_size=1, onprem_vllm_max_model_len=2048,
+                         onprem_vllm_max_num_batched_tokens=2048, onprem_vllm_max_num_seqs=16,
+                         onprem_vllm_cpu_kv_cache_space_gib=1,
                          gpu_preflight_model_config_path=os.path.join(MODELS, "tiny-qwen3", "config.json"))
     assert msg is None and plan["cpu_mode"] and plan["kv_plan"]["fits"]
+
+
+def test_a_missing_plan_variable_is_named(run_plan):
+    msg, dummy = run_plan(onprem_vllm_served_model_name="<unset>", onprem_vllm_port="<unset>")
+    assert "missing required arguments: onprem_vllm_port, onprem_vllm_served_model_name" in msg

@@ -46,7 +46,7 @@ def test_fewer_gpus_than_tp_times_pp(sysfs):
     (msg,) = plan["errors"]
     assert "needs tensor_parallel_size x pipeline_parallel_size = 2 x 1 = 2 GPUs" in msg
     assert "the PCI bus shows 1 NVIDIA GPU(s) (0000:01:00.0 NVIDIA GeForce RTX 4090)" in msg
-    assert "lower vllm_server_tensor_parallel_size" in msg
+    assert "lower onprem_vllm_tensor_parallel_size" in msg
 
 
 def test_no_gpu_at_all(tmp_path):

@@ -20,7 +20,7 @@ def test_cuda_from_the_tag(tag, cuda):
 def test_override_wins_and_is_validated():
     assert ic.image_cuda("v0.32.0", "12.9")[0] == (12, 9)
     assert ic.image_cuda("v0.32.0", "12.9.1")[0] == (12, 9)
-    assert "vllm_server_image_cuda='twelve' is not a CUDA version" in ic.image_cuda("v0.32.0", "twelve")[2]
+    assert "onprem_vllm_image_cuda='twelve' is not a CUDA version" in ic.image_cuda("v0.32.0", "twelve")[2]
 
 
 @pytest.mark.parametrize("cuda, branch, version", [
@@ -49,7 +49,7 @@ def test_planned_r575_with_the_cuda13_image_names_the_cu129_variant():
     assert "planned driver branch R575 (nvidia_driver_branch) cannot run the image" in msg
     assert "v0.32.0 is built for CUDA 13.0, which needs driver branch R580 or newer (>= 580.65.06)" in msg
     assert 'set nvidia_driver_branch: "580"' in msg
-    assert "pin vllm_server_image_tag: v0.32.0-cu129 (CUDA 12.9, runs on R575)" in msg
+    assert "pin onprem_vllm_image_tag: v0.32.0-cu129 (CUDA 12.9, runs on R575)" in msg
 
 
 def test_planned_r570_with_cu129_names_the_branch_and_an_older_release():

@@ -27,7 +27,7 @@ def test_check_apply_and_again_give_the_same_answer_and_change_nothing(compat):
 def test_a_driver_too_old_for_the_image_fails_with_the_variant_to_pin(compat):
     rc, result = compat(image_tag="v0.32.0", planned_branch="575")
     assert rc == 1 and result["failed"] and result["changed"] is False
-    assert "pin vllm_server_image_tag: v0.32.0-cu129 (CUDA 12.9, runs on R575)" in result["msg"]
+    assert "pin onprem_vllm_image_tag: v0.32.0-cu129 (CUDA 12.9, runs on R575)" in result["msg"]
     assert result["errors"] == [result["msg"]]
 
 
