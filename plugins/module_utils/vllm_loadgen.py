@@ -205,7 +205,7 @@ def http_error_message(status, reason, body_text, url):
     text = (body_text or "").strip().replace("\n", " ")[:200]
     hint = ""
     if status == 401:
-        hint = " (the API key was refused: check the key given to the benchmark, e.g. the Vault-held vllm_server_api_key)"
+        hint = " (the API key was refused: check the key given to the benchmark, e.g. the Vault-held onprem_vllm_api_key)"
     elif status == 404:
         hint = " (wrong path or model name: check the served model name)"
     return "HTTP %d %s from %s%s%s" % (status, reason, url, hint, (": " + text) if text else "")
