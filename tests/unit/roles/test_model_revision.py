@@ -83,4 +83,4 @@ def test_rollout_alone_on_an_unstaged_host_is_refused(run):
 def test_vllm_server_refuses_a_branch_name(run):
     msg, dummy = run(revision_override="main")
     assert "vllm_server_model_revision must be the 40-hex commit the server runs, not 'main'" in msg
-    assert "hf_cache_result.commit" in msg
+    assert "pin the branch or tag in the plan's onprem_vllm_model_revision" in msg
