@@ -16,7 +16,13 @@ Docker's bolt databases are per engine and the host's engine creates its own. A 
 use is never seeded. A host that is not seeded loads the archive itself, as a real air-gapped host does (vllm_server's
 image.yml), so seeding changes how fast a lab host gets the image, not whether the role can load one.
 
-  python3 lab/image_store.py store                 build (or reuse) the template for the serving image
+vLLM's own cache goes with the image: before its first start, vLLM inspects the model's class in a subprocess that
+imports torch and vLLM once more (15-30 s on the lab's cores) and keeps the answer under VLLM_CACHE_ROOT/modelinfos,
+keyed by the hash of the model's source file. vllm_server mounts the host's /var/cache/onprem-vllm there, so a host
+that has served pays this once. `store` has the serving image write that cache once into the share (vllm-cache/,
+remade when the image changes) and `seed` copies it into each new host, as on a host that served this image before.
+
+  python3 lab/image_store.py store                 build (or reuse) the template and vLLM's cache for the serving image
   python3 lab/image_store.py seed HOST [HOST ...]  seed running lab hosts (containers) that have no engine data yet
 """
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,6 +46,16 @@ RECIPE_VERSION = 1
 MANIFEST = labctl.SHARE_DIR / "manifest.json"
 SERVING_TAG = "vllm/vllm-openai:v0.32.0"
 DATA_ROOT = "/var/lib/docker"
+VLLM_CACHE = labctl.SHARE_DIR / "vllm-cache"
+# vllm_server_cache_path's default: the host folder the role mounts at the server's VLLM_CACHE_ROOT.
+HOST_VLLM_CACHE = "/var/cache/onprem-vllm"
+# Run in the serving image: the model-class inspection vLLM runs before a first start, which writes the cache.
+INSPECT_SNIPPET = (
+    "import sys\n"
+    "from vllm.model_executor.models.registry import ModelRegistry\n"
+    "for arch in sys.argv[1:]:\n"
+    "    ModelRegistry.models[arch].inspect_model_cls()\n"
+)
 
 
 def store_key(base_id: str, image_id: str) -> str:
@@ -102,6 +120,50 @@ def build_store(entry: dict) -> str:
     return volume
 
 
+def model_architectures() -> list[str]:
+    """The architectures in the lab checkpoint's config.json (what vLLM inspects before serving it)."""
+    manifest = json.loads(MANIFEST.read_text())
+    for model in manifest.get("models", {}).values():
+        snapshot = labctl.SHARE_DIR / model["hf_seed"] / "snapshots" / model["revision"]
+        return json.loads((snapshot / "config.json").read_text())["architectures"]
+    raise labctl.LabError(f"no model in {MANIFEST}: run python3 lab/build_artifacts.py first")
+
+
+def vllm_cache_is_current(cache: Path, image_id: str) -> bool:
+    stamp = cache / "image-id"
+    return stamp.is_file() and stamp.read_text().strip() == image_id and any((cache / "modelinfos").glob("*.json"))
+
+
+def warm_vllm_cache(entry: dict) -> Path:
+    """vLLM's model-class cache, written by the serving image itself; remade only when the image changes."""
+    if vllm_cache_is_current(VLLM_CACHE, entry["id"]):
+        print(f"vLLM cache {VLLM_CACHE.name} is up to date")
+        return VLLM_CACHE
+    started = time.monotonic()
+    fresh = VLLM_CACHE.with_name(VLLM_CACHE.name + ".new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
+    proc = labctl.docker("run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
+                         "-e", "HOME=/tmp", "-e", "VLLM_CACHE_ROOT=/cache", "-v", f"{fresh}:/cache",
+                         "--entrypoint", "/opt/vllm/bin/python", entry["tag"], "-c", INSPECT_SNIPPET,
+                         *model_architectures(), check=False)
+    if proc.returncode != 0 or not any((fresh / "modelinfos").glob("*.json")):
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise labctl.LabError(f"vLLM cache: the model-class inspection in {entry['tag']} wrote nothing: "
+                              f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    (fresh / "image-id").write_text(entry["id"] + "\n")
+    shutil.rmtree(VLLM_CACHE, ignore_errors=True)
+    fresh.rename(VLLM_CACHE)
+    print(f"wrote vLLM's model-class cache for {entry['tag']} in {time.monotonic() - started:.0f} s")
+    return VLLM_CACHE
+
+
+def vllm_cache_seed_script(share_cache: str, host_cache: str) -> str:
+    """Shell run in a new host: copies the share's model-class cache unless the host already has one of its own."""
+    return (f"set -e; if [ -d {host_cache}/modelinfos ]; then echo in-use; exit 0; fi; "
+            f"mkdir -p {host_cache}; chmod 0755 {host_cache}; cp -R {share_cache}/modelinfos {host_cache}/; echo seeded")
+
+
 def data_root_volume(host: str) -> str:
     proc = labctl.docker("container", "inspect", host, check=False)
     if proc.returncode != 0:
@@ -124,6 +186,7 @@ def seed_script(volumes: str, template: str, target: str) -> str:
 def seed(hosts: list[str], entry: dict) -> None:
     info = labctl.require_docker()
     template = build_store(entry)
+    warm_vllm_cache(entry)
     volumes_dir = f"{info.get('DockerRootDir', '/var/lib/docker')}/volumes"
     for host in hosts:
         target = data_root_volume(host)
@@ -138,8 +201,11 @@ def seed(hosts: list[str], entry: dict) -> None:
         verdict = proc.stdout.strip().splitlines()[-1:] or ["?"]
         if verdict[0] == "in-use":
             print(f"{host}: its data root already holds images; not seeded")
-        else:
-            print(f"{host}: seeded with {entry['tag']} from {template} in {time.monotonic() - started:.1f} s")
+            continue
+        share_cache = f"/srv/lab-share/{VLLM_CACHE.relative_to(labctl.SHARE_DIR)}"
+        labctl.docker("exec", host, "sh", "-c", vllm_cache_seed_script(share_cache, HOST_VLLM_CACHE))
+        print(f"{host}: seeded with {entry['tag']} from {template} and vLLM's cache in "
+              f"{time.monotonic() - started:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = serving_entry()
         if args.command == "store":
             build_store(entry)
+            warm_vllm_cache(entry)
         else:
             seed(args.hosts, entry)
     except labctl.LabError as exc:

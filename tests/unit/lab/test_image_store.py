@@ -75,3 +75,42 @@ def test_an_image_missing_from_the_manifest_says_what_to_run(tmp_path, monkeypat
     monkeypatch.setattr(image_store, "MANIFEST", manifest)
     with pytest.raises(image_store.labctl.LabError, match=r"vllm/vllm-openai:v0.32.0 is not in .*build_artifacts"):
         image_store.serving_entry()
+
+
+def seed_vllm_cache(share, host):
+    script = image_store.vllm_cache_seed_script(str(share), str(host))
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_new_host_gets_the_share_s_vllm_cache(tmp_path):
+    share = tmp_path / "share" / "vllm-cache"
+    (share / "modelinfos").mkdir(parents=True)
+    (share / "modelinfos" / "qwen3.json").write_text('{"hash": "h"}')
+    (share / "image-id").write_text("sha256:serving\n")
+    host = tmp_path / "host" / "var" / "cache" / "onprem-vllm"
+    assert seed_vllm_cache(share, host) == "seeded"
+    assert (host / "modelinfos" / "qwen3.json").read_text() == '{"hash": "h"}'
+    assert sorted(p.name for p in host.iterdir()) == ["modelinfos"]  # the stamp stays on the share
+    assert oct(host.stat().st_mode & 0o777) == "0o755"  # what vllm_server's cache folder task sets: no change there
+
+
+def test_a_host_s_own_vllm_cache_is_left_alone(tmp_path):
+    share = tmp_path / "share"
+    (share / "modelinfos").mkdir(parents=True)
+    (share / "modelinfos" / "qwen3.json").write_text("share's")
+    host = tmp_path / "host"
+    (host / "modelinfos").mkdir(parents=True)
+    (host / "modelinfos" / "qwen3.json").write_text("the host's own")
+    assert seed_vllm_cache(share, host) == "in-use"
+    assert (host / "modelinfos" / "qwen3.json").read_text() == "the host's own"
+
+
+def test_the_vllm_cache_follows_the_serving_image(tmp_path):
+    cache = tmp_path / "vllm-cache"
+    assert not image_store.vllm_cache_is_current(cache, "sha256:serving")
+    (cache / "modelinfos").mkdir(parents=True)
+    (cache / "image-id").write_text("sha256:serving\n")
+    assert not image_store.vllm_cache_is_current(cache, "sha256:serving")  # written by nothing yet
+    (cache / "modelinfos" / "qwen3.json").write_text("{}")
+    assert image_store.vllm_cache_is_current(cache, "sha256:serving")
+    assert not image_store.vllm_cache_is_current(cache, "sha256:rebuilt")
