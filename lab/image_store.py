@@ -47,6 +47,7 @@ MANIFEST = labctl.SHARE_DIR / "manifest.json"
 SERVING_TAG = "vllm/vllm-openai:v0.32.0"
 DATA_ROOT = "/var/lib/docker"
 VLLM_CACHE = labctl.SHARE_DIR / "vllm-cache"
+MACHINE_VLLM_CACHE = labctl.ARCHIVE_CACHE.parent / "vllm-cache"  # beside the archives kept once per machine
 # vllm_server_cache_path's default: the host folder the role mounts at the server's VLLM_CACHE_ROOT.
 HOST_VLLM_CACHE = "/var/cache/onprem-vllm"
 # Run in the serving image: the model-class inspection vLLM runs before a first start, which writes the cache.
@@ -135,13 +136,20 @@ def vllm_cache_is_current(cache: Path, image_id: str) -> bool:
 
 
 def warm_vllm_cache(entry: dict) -> Path:
-    """vLLM's model-class cache, written by the serving image itself; remade only when the image changes."""
+    """vLLM's model-class cache, written by the serving image itself; remade only when the image changes. Like the
+    image archives, it is kept once per machine (a new checkout copies it instead of running the image again)."""
     if vllm_cache_is_current(VLLM_CACHE, entry["id"]):
         print(f"vLLM cache {VLLM_CACHE.name} is up to date")
         return VLLM_CACHE
     started = time.monotonic()
     fresh = VLLM_CACHE.with_name(VLLM_CACHE.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)
+    if vllm_cache_is_current(MACHINE_VLLM_CACHE, entry["id"]):
+        shutil.copytree(MACHINE_VLLM_CACHE, fresh)
+        shutil.rmtree(VLLM_CACHE, ignore_errors=True)
+        fresh.rename(VLLM_CACHE)
+        print(f"copied vLLM's model-class cache for {entry['tag']} from {MACHINE_VLLM_CACHE}")
+        return VLLM_CACHE
     fresh.mkdir(parents=True)
     proc = labctl.docker("run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
                          "-e", "HOME=/tmp", "-e", "VLLM_CACHE_ROOT=/cache", "-v", f"{fresh}:/cache",
@@ -152,6 +160,8 @@ def warm_vllm_cache(entry: dict) -> Path:
         raise labctl.LabError(f"vLLM cache: the model-class inspection in {entry['tag']} wrote nothing: "
                               f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
     (fresh / "image-id").write_text(entry["id"] + "\n")
+    shutil.rmtree(MACHINE_VLLM_CACHE, ignore_errors=True)
+    shutil.copytree(fresh, MACHINE_VLLM_CACHE)
     shutil.rmtree(VLLM_CACHE, ignore_errors=True)
     fresh.rename(VLLM_CACHE)
     print(f"wrote vLLM's model-class cache for {entry['tag']} in {time.monotonic() - started:.0f} s")

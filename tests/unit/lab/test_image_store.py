@@ -114,3 +114,18 @@ def test_the_vllm_cache_follows_the_serving_image(tmp_path):
     (cache / "modelinfos" / "qwen3.json").write_text("{}")
     assert image_store.vllm_cache_is_current(cache, "sha256:serving")
     assert not image_store.vllm_cache_is_current(cache, "sha256:rebuilt")
+
+
+def test_a_new_checkout_copies_the_machine_s_vllm_cache(tmp_path, monkeypatch):
+    machine = tmp_path / "machine" / "vllm-cache"
+    (machine / "modelinfos").mkdir(parents=True)
+    (machine / "modelinfos" / "qwen3.json").write_text('{"hash": "h"}')
+    (machine / "image-id").write_text("sha256:serving\n")
+    monkeypatch.setattr(image_store, "MACHINE_VLLM_CACHE", machine)
+    monkeypatch.setattr(image_store, "VLLM_CACHE", tmp_path / "share" / "vllm-cache")
+    ran = []
+    monkeypatch.setattr(image_store.labctl, "docker", lambda *args, **kw: ran.append(args))
+    cache = image_store.warm_vllm_cache({"id": "sha256:serving", "tag": "vllm/vllm-openai:v0.32.0"})
+    assert ran == []  # the serving image did not run
+    assert (cache / "modelinfos" / "qwen3.json").read_text() == '{"hash": "h"}'
+    assert image_store.vllm_cache_is_current(cache, "sha256:serving")
