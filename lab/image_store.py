@@ -146,25 +146,24 @@ def warm_vllm_cache(entry: dict) -> Path:
     shutil.rmtree(fresh, ignore_errors=True)
     if vllm_cache_is_current(MACHINE_VLLM_CACHE, entry["id"]):
         shutil.copytree(MACHINE_VLLM_CACHE, fresh)
-        shutil.rmtree(VLLM_CACHE, ignore_errors=True)
-        fresh.rename(VLLM_CACHE)
-        print(f"copied vLLM's model-class cache for {entry['tag']} from {MACHINE_VLLM_CACHE}")
-        return VLLM_CACHE
-    fresh.mkdir(parents=True)
-    proc = labctl.docker("run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
-                         "-e", "HOME=/tmp", "-e", "VLLM_CACHE_ROOT=/cache", "-v", f"{fresh}:/cache",
-                         "--entrypoint", "/opt/vllm/bin/python", entry["tag"], "-c", INSPECT_SNIPPET,
-                         *model_architectures(), check=False)
-    if proc.returncode != 0 or not any((fresh / "modelinfos").glob("*.json")):
-        shutil.rmtree(fresh, ignore_errors=True)
-        raise labctl.LabError(f"vLLM cache: the model-class inspection in {entry['tag']} wrote nothing: "
-                              f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
-    (fresh / "image-id").write_text(entry["id"] + "\n")
-    shutil.rmtree(MACHINE_VLLM_CACHE, ignore_errors=True)
-    shutil.copytree(fresh, MACHINE_VLLM_CACHE)
+        how = f"copied from {MACHINE_VLLM_CACHE}"
+    else:
+        fresh.mkdir(parents=True)
+        proc = labctl.docker("run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
+                             "-e", "HOME=/tmp", "-e", "VLLM_CACHE_ROOT=/cache", "-v", f"{fresh}:/cache",
+                             "--entrypoint", "/opt/vllm/bin/python", entry["tag"], "-c", INSPECT_SNIPPET,
+                             *model_architectures(), check=False)
+        if proc.returncode != 0 or not any((fresh / "modelinfos").glob("*.json")):
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise labctl.LabError(f"vLLM cache: the model-class inspection in {entry['tag']} wrote nothing: "
+                                  f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        (fresh / "image-id").write_text(entry["id"] + "\n")
+        shutil.rmtree(MACHINE_VLLM_CACHE, ignore_errors=True)
+        shutil.copytree(fresh, MACHINE_VLLM_CACHE)
+        how = "written by the image"
     shutil.rmtree(VLLM_CACHE, ignore_errors=True)
     fresh.rename(VLLM_CACHE)
-    print(f"wrote vLLM's model-class cache for {entry['tag']} in {time.monotonic() - started:.0f} s")
+    print(f"vLLM's model-class cache for {entry['tag']}: {how} in {time.monotonic() - started:.0f} s")
     return VLLM_CACHE
 
 
