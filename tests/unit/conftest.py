@@ -4,6 +4,8 @@
 - run_module / run_playbook: the real module or role through the ansible CLI on this machine (local connection);
   run_playbook gives every play the example inventory's plan (PLAN: what a role defaults from), the test's own
   variables over it (a variable given as "<unset>" is left out);
+- run_playbook_cases: one ansible-playbook run for many cases, each case a host of its own (local connection, the
+  plan and its variables as host variables): a run costs seconds of start-up, a case a few tasks;
 - call_module: a module's main() in this process, for modules whose inputs are all arguments;
 - fake_host: a /proc + /sys tree of a host (PCI devices, loaded driver, kernel modules, Secure Boot);
 - fake_clock: a clock whose sleep() only moves it on;
@@ -108,6 +110,8 @@ class PlaybookRun:
                       for play in data["plays"] for task in play["tasks"] if host in task["hosts"]]
         self.results = [result for _name, result in self.tasks]
 
+        self.failed = bool(data.get("stats", {}).get(host, {}).get("failures"))
+
     def failure(self):
         """The message of the last failure that stopped the host (None when none did)."""
         failed = [r for r in self.results if r.get("failed") and not r.get("ignored", False)]
@@ -136,6 +140,30 @@ def run_playbook(tmp_path):
         return PlaybookRun(rc, data, host)
 
     return run
+
+
+def run_playbook_cases(text, cases, directory, env=None, timeout=300):
+    """{case: PlaybookRun}: the play (hosts: all) once, with each case a host named after it (local connection) whose
+    host variables are the plan and the case's variables (a variable given as "<unset>" is left out). The hosts run
+    side by side: nothing in a case may depend on another."""
+    hosts = {case: {name: value for name, value in dict(PLAN, ansible_connection="local",
+                                                        ansible_python_interpreter=sys.executable,
+                                                        **variables).items() if value != UNSET}
+             for case, variables in cases.items()}
+    inventory, book = os.path.join(directory, "_cases.yml"), os.path.join(directory, "_play.yml")
+    with open(inventory, "w") as handle:
+        json.dump({"all": {"hosts": hosts}}, handle)  # JSON is YAML
+    with open(book, "w") as handle:
+        handle.write(text)
+    rc, data = _ansible_json([_ansible_bin("ansible-playbook"), "-i", inventory, "-f", str(min(len(cases), 8)), book],
+                             env, timeout)
+    return {case: PlaybookRun(rc, data, case) for case in cases}
+
+
+@pytest.fixture(scope="session")
+def playbook_cases():
+    """run_playbook_cases, for a test module's own module-scoped fixture."""
+    return run_playbook_cases
 
 
 @pytest.fixture

