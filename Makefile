@@ -62,8 +62,9 @@ lint: venv
 sanity: venv
 	tools/sanity.sh
 
+# UNIT_ARGS: pytest's selection (tools/test.sh runs the tests that need the lab share after the lab's artifacts).
 unit: venv
-	pytest tests/unit -q -n auto
+	pytest tests/unit -q -n auto $(UNIT_ARGS)
 
 # The scenarios of the test command, in order; scenarios joined by '+' run at once in `make test` (tools/test.sh runs
 # each as a timed stage). `make molecule` runs them one by one without the other stages, `make test-fleet` the

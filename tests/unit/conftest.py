@@ -12,12 +12,17 @@
 - fake_vllm: an OpenAI-compatible server on 127.0.0.1 that streams completions (SSE) as vLLM does;
 - vllm_endpoints: vLLM's health, models, completion and (recorded) metrics endpoints on 127.0.0.1;
 - haproxy_socket: a unix socket that speaks HAProxy's runtime API (`show stat`, `set server ...`);
-- free_port, and the marker needs_docker (the test is skipped, as a skip, where `docker info` fails).
+- free_port, and the marker needs_docker (the test is skipped, as a skip, where `docker info` fails);
+- the marker needs_lab_share: the test needs the lab share's model tarball (make lab-artifacts builds it). Skipped,
+  as a skip, where it is not built, except where ONPREM_VLLM_REQUIRE_LAB_SHARE=1: there it fails. tools/test.sh
+  runs these tests after the lab's artifacts are built, with that set: on a fresh machine the artifacts are still
+  building while the other unit tests run, and a skip there would read as a pass.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
+import glob
 import http.server
 import json
 import os
@@ -39,6 +44,8 @@ def _example_plan():
         return dict(yaml.safe_load(plan), onprem_vllm_api_key="", onprem_vllm_advertise_host="127.0.0.1")
 
 
+# The lab share's tiny checkpoint, as Hugging Face cache repo tarballs (lab/build_artifacts.py).
+LAB_MODEL_TARBALLS = os.path.join(ROOT, "lab", "build", "share", "models", "onprem-lab--tiny-qwen3-*.tar")
 # The plan (onprem_vllm_*) of inventories/example, less its two templated values (a Vault key, a host address).
 PLAN = _example_plan()
 # A variable given this value is left out of the play (a plan variable the inventory lacks).
@@ -47,6 +54,8 @@ UNSET = "<unset>"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_docker: skipped (said so) where this machine has no Docker engine")
+    config.addinivalue_line("markers", "needs_lab_share: skipped (said so) where the lab share is not built, "
+                                       "failed instead where ONPREM_VLLM_REQUIRE_LAB_SHARE=1")
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,6 +66,16 @@ def docker_engine_answers():
 def pytest_runtest_setup(item):
     if item.get_closest_marker("needs_docker") and not docker_engine_answers():
         pytest.skip("no Docker engine (.ci/run starts one)")
+    if item.get_closest_marker("needs_lab_share") and not glob.glob(LAB_MODEL_TARBALLS):
+        if os.environ.get("ONPREM_VLLM_REQUIRE_LAB_SHARE") == "1":
+            pytest.fail("the lab share's model tarball is not built (%s): run make lab-artifacts" % LAB_MODEL_TARBALLS)
+        pytest.skip("lab share not built (make lab-artifacts)")
+
+
+@pytest.fixture
+def lab_model_tarball():
+    """The newest of the lab share's model tarballs (a test using it is marked needs_lab_share)."""
+    return sorted(glob.glob(LAB_MODEL_TARBALLS))[-1]
 
 
 @pytest.fixture

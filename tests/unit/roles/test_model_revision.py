@@ -6,13 +6,11 @@ snapshots/<commit>; a later run that did not stage (rollout.yml alone) resolves 
 vllm_server given a branch name is refused with what to change."""
 from __future__ import annotations
 
-import glob
 import os
 
 import pytest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-ARCHIVES = sorted(glob.glob(os.path.join(ROOT, "lab", "build", "share", "models", "onprem-lab--tiny-qwen3-*.tar")))
 COMMIT = "d77141a471636dda364651d872c8e1075b8947d5"
 PLAYBOOK = """
 - name: Revision flow under test
@@ -40,11 +38,11 @@ PLAYBOOK = """
 """
 
 
-pytestmark = [pytest.mark.skipif(not ARCHIVES, reason="lab share not built (make lab)"), pytest.mark.needs_docker]
+pytestmark = [pytest.mark.needs_lab_share, pytest.mark.needs_docker]
 
 
 @pytest.fixture
-def run(run_playbook, tmp_path, free_port):
+def run(run_playbook, tmp_path, free_port, lab_model_tarball):
     """run(stage=True, **extra) -> (the refusal or None, what the play dumped)."""
     def play(stage=True, **extra):
         variables = {
@@ -53,7 +51,7 @@ def run(run_playbook, tmp_path, free_port):
             "onprem_vllm_hf_cache_path": str(tmp_path / "hf"), "onprem_vllm_cpu_mode": True,
             "onprem_vllm_tensor_parallel_size": 1, "onprem_vllm_served_model_name": "qwen3-lab",
             "onprem_vllm_container_name": "gpuws-test-vllm-absent", "onprem_vllm_port": free_port(),
-            "hf_cache_source": "archive", "hf_cache_archive": ARCHIVES[-1], "hf_cache_archive_remote_src": True,
+            "hf_cache_source": "archive", "hf_cache_archive": lab_model_tarball, "hf_cache_archive_remote_src": True,
             "hf_cache_free_space_margin_bytes": 0,
         }
         result = run_playbook(PLAYBOOK.format(root=ROOT), dict(variables, **extra), timeout=240)
