@@ -137,6 +137,14 @@ class PlaybookRun:
         return failed[-1]["msg"] if failed else None
 
 
+def _play_variables(variables, **connection):
+    """The plan, this Python as the interpreter, the connection settings and the test's variables over them, less those
+    given as UNSET."""
+    merged = dict(PLAN, ansible_python_interpreter=sys.executable, **connection)
+    merged.update(variables)
+    return {name: value for name, value in merged.items() if value != UNSET}
+
+
 @pytest.fixture
 def run_playbook(tmp_path):
     """run_playbook(text, variables, inventory=None, env=None, host="localhost") -> PlaybookRun.
@@ -147,8 +155,7 @@ def run_playbook(tmp_path):
     def run(text, variables, inventory=None, env=None, host="localhost", timeout=180):
         book = tmp_path / "_play.yml"
         book.write_text(text)
-        variables = {name: value for name, value in dict(PLAN, ansible_python_interpreter=sys.executable,
-                                                         **variables).items() if value != UNSET}
+        variables = _play_variables(variables)
         if inventory is None:
             target = ["-i", "localhost,", "-c", "local"]
         else:
@@ -165,10 +172,7 @@ def run_playbook_cases(text, cases, directory, env=None, timeout=300):
     """{case: PlaybookRun}: the play (hosts: all) once, with each case a host named after it (local connection) whose
     host variables are the plan and the case's variables (a variable given as "<unset>" is left out). The hosts run
     side by side: nothing in a case may depend on another."""
-    hosts = {case: {name: value for name, value in dict(PLAN, ansible_connection="local",
-                                                        ansible_python_interpreter=sys.executable,
-                                                        **variables).items() if value != UNSET}
-             for case, variables in cases.items()}
+    hosts = {case: _play_variables(variables, ansible_connection="local") for case, variables in cases.items()}
     inventory, book = os.path.join(directory, "_cases.yml"), os.path.join(directory, "_play.yml")
     with open(inventory, "w") as handle:
         json.dump({"all": {"hosts": hosts}}, handle)  # JSON is YAML
