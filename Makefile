@@ -63,8 +63,10 @@ sanity: venv
 	tools/sanity.sh
 
 # UNIT_ARGS: pytest's selection (tools/test.sh runs the tests that need the lab share after the lab's artifacts).
+# --dist loadfile: a module's tests on one worker, so a module that runs its cases in one batched play (a module-scoped
+# fixture) runs it once; with --dist load each worker that drew one of its tests ran it again (45 s twice, measured).
 unit: venv
-	pytest tests/unit -q -n auto $(UNIT_ARGS)
+	pytest tests/unit -q -n auto --dist loadfile $(UNIT_ARGS)
 
 # The scenarios of the test command, in order; scenarios joined by '+' run at once in `make test` (tools/test.sh runs
 # each as a timed stage). `make molecule` runs them one by one without the other stages, `make test-fleet` the

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -68,12 +69,36 @@ def docker(*args: str, check: bool = True, capture: bool = True, stdin=None) -> 
     return proc
 
 
-def save_image_archive(tag: str, image_id: str, dest: Path) -> str:
+def omit_host_layers(archive: Path, out: Path, host_layers: list[str]) -> int:
+    """Copy a `docker save` archive to out without the layer files of the layers every host already has (host_layers:
+    the diff IDs of an image on every host, bottom first; a layer is omitted only where the whole chain below it
+    matches). `docker load` opens a layer's file only when the engine lacks that layer (moby's tarexport skips a
+    chain ID it has), so the smaller archive loads the same image, in a second instead of unpacking gigabytes, on a
+    host that has them; elsewhere the load fails naming the missing file. Returns how many layers were omitted."""
+    with tarfile.open(archive) as full:
+        manifest = json.load(full.extractfile("manifest.json"))
+        if len(manifest) != 1:
+            raise LabError(f"{archive}: expected the archive of one image, found {len(manifest)}")
+        config = json.load(full.extractfile(manifest[0]["Config"]))
+        diff_ids = config["rootfs"]["diff_ids"]
+        shared = 0
+        while shared < min(len(diff_ids), len(host_layers)) and diff_ids[shared] == host_layers[shared]:
+            shared += 1
+        omitted = set(manifest[0]["Layers"][:shared])
+        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as thin:
+            for member in full:
+                if member.name not in omitted:
+                    thin.addfile(member, full.extractfile(member) if member.isfile() else None)
+    return shared
+
+
+def save_image_archive(tag: str, image_id: str, dest: Path, host_layers: list[str] | None = None) -> str:
     """Put `docker save TAG` (0644) at dest and return how: "linked" to this machine's cached archive of the same tag
     and image ID, else "saved" afresh and kept in the cache (older archives of that tag leave it). Where the cache is
-    on another filesystem than dest, it is not used."""
+    on another filesystem than dest, it is not used. With host_layers, the archive leaves those layers out
+    (omit_host_layers): an upgrade archive for hosts that hold the image it was built on."""
     slug = dest.stem
-    cached = ARCHIVE_CACHE / f"{slug}.{image_id.split(':')[-1][:16]}.tar"
+    cached = ARCHIVE_CACHE / f"{slug}.{image_id.split(':')[-1][:16]}{'-delta' if host_layers else ''}.tar"
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".tar.partial")
     tmp.unlink(missing_ok=True)
@@ -81,7 +106,15 @@ def save_image_archive(tag: str, image_id: str, dest: Path) -> str:
         os.link(cached, tmp)
         how = "linked"
     except OSError:  # no cached archive, or another filesystem
-        docker("save", "-o", str(tmp), tag)
+        if host_layers:
+            full = dest.with_suffix(".tar.full")
+            try:
+                docker("save", "-o", str(full), tag)
+                omit_host_layers(full, tmp, host_layers)
+            finally:
+                full.unlink(missing_ok=True)
+        else:
+            docker("save", "-o", str(tmp), tag)
         tmp.chmod(0o644)  # docker save writes 0600; the share is read by every lab host
         how = "saved"
     tmp.replace(dest)

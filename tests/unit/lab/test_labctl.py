@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import io
+import json
 import os
 import subprocess
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -148,3 +151,63 @@ def test_a_cache_on_another_filesystem_falls_back_to_saving(fake_save, tmp_path,
         assert labctl.save_image_archive("haproxy:3.4.4-trixie", "sha256:" + "b" * 64, dest) == "saved", attempt
     assert dest.read_text() == "gateway" and fake_save.saves == ["haproxy:3.4.4-trixie"] * 2
     assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # the cache is left as it was
+
+
+def _inspect_image(ref: str) -> dict:
+    return json.loads(subprocess.run(["docker", "image", "inspect", ref], capture_output=True, text=True,
+                                     check=True).stdout)[0]
+
+
+def _write_saved_image(path: Path, diff_ids: list[str], layers: dict[str, bytes]) -> None:
+    """A `docker save` archive as Docker 20.10 writes it: a folder per layer, the config, manifest.json."""
+
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    files = {"manifest.json": json.dumps([{"Config": "cfg.json", "RepoTags": ["t:1"],
+                                           "Layers": [f"{name}/layer.tar" for name in layers]}]).encode(),
+             "cfg.json": config}
+    for name, data in layers.items():
+        files[f"{name}/VERSION"] = b"1.0"
+        files[f"{name}/layer.tar"] = data
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_an_upgrade_archive_leaves_out_only_the_layers_hosts_have(tmp_path):
+    full = tmp_path / "full.tar"
+    _write_saved_image(full, ["sha256:a", "sha256:b", "sha256:c"], {"l1": b"A" * 10, "l2": b"B" * 10, "l3": b"C"})
+    thin = tmp_path / "thin.tar"
+    # The chain must match from the bottom: b under a different a is another layer.
+    assert labctl.omit_host_layers(full, thin, ["sha256:a", "sha256:b", "sha256:x"]) == 2
+    names = tarfile.open(thin).getnames()
+    assert "l1/layer.tar" not in names and "l2/layer.tar" not in names
+    assert {"l3/layer.tar", "manifest.json", "cfg.json", "l1/VERSION"} <= set(names)
+    assert labctl.omit_host_layers(full, tmp_path / "t2.tar", ["sha256:x", "sha256:b"]) == 0
+    assert "l2/layer.tar" in tarfile.open(tmp_path / "t2.tar").getnames()
+
+
+@pytest.mark.needs_docker
+def test_an_upgrade_archive_loads_the_same_image_where_its_base_is_and_fails_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.setattr(labctl, "ARCHIVE_CACHE", tmp_path / "cache")
+    repo = f"onprem-test/delta-{uuid.uuid4().hex[:8]}"
+    base, child = f"{repo}:base", f"{repo}:child"
+    (tmp_path / "f").write_bytes(os.urandom(256 * 1024))
+    subprocess.run(["tar", "-C", str(tmp_path), "-cf", str(tmp_path / "rootfs.tar"), "f"], check=True)
+    subprocess.run(["docker", "import", str(tmp_path / "rootfs.tar"), base], check=True, capture_output=True)
+    subprocess.run(["docker", "build", "-t", child, "-"], input=f"FROM {base}\nLABEL variant=child\n", text=True,
+                   check=True, capture_output=True)
+    try:
+        child_id, base_layers = _inspect_image(child)["Id"], _inspect_image(base)["RootFS"]["Layers"]
+        dest = tmp_path / "share" / "delta_child.tar"
+        assert labctl.save_image_archive(child, child_id, dest, base_layers) == "saved"
+        assert dest.stat().st_size < 64 * 1024  # the 256 KiB layer is not in it
+        subprocess.run(["docker", "rmi", child], check=True, capture_output=True)
+        subprocess.run(["docker", "load", "-i", str(dest)], check=True, capture_output=True)
+        assert _inspect_image(child)["Id"] == child_id
+        subprocess.run(["docker", "rmi", child, base], check=True, capture_output=True)
+        failed = subprocess.run(["docker", "load", "-i", str(dest)], capture_output=True, text=True, check=False)
+        assert failed.returncode != 0 and "layer.tar" in failed.stderr
+    finally:
+        subprocess.run(["docker", "rmi", child, base], capture_output=True, check=False)
