@@ -14,7 +14,9 @@ Why hard links are safe: Docker's overlay2 driver never writes into an image lay
 the image only unlinks its own names. Only `image/` and `overlay2/` are taken: engine-id, networks, containers and
 Docker's bolt databases are per engine and the host's engine creates its own. A host whose data root is already in
 use is never seeded. A host that is not seeded loads the archive itself, as a real air-gapped host does (vllm_server's
-image.yml), so seeding changes how fast a lab host gets the image, not whether the role can load one.
+image.yml), so seeding changes how fast a lab host gets the image, not whether the role can load one. The
+upgrade tag's archive (v0.32.0-lab2) holds only what it adds to the serving image: it loads on a host that has
+the serving image, seeded or loaded (build_artifacts.py, labctl.omit_host_layers).
 
 vLLM's own cache goes with the image: before its first start, vLLM inspects the model's class in a subprocess that
 imports torch and vLLM once more (15-30 s on the lab's cores) and keeps the answer under VLLM_CACHE_ROOT/modelinfos,
