@@ -267,7 +267,9 @@ def systemd_host_args(name: str, volume: str) -> list[str]:
             "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
             "--shm-size", "1g", "--stop-signal", "SIGRTMIN+3",
             "-v", f"{volume}:/var/lib/docker",
-            "-v", f"{SHARE_DIR}:/srv/lab-share:ro"]
+            "-v", f"{SHARE_DIR}:/srv/lab-share:ro",
+            # dpkg without an fsync per file on a throwaway host.
+            "-v", f"{LAB_DIR / 'dpkg-unsafe-io.cfg'}:/etc/dpkg/dpkg.cfg.d/lab-unsafe-io:ro"]
     for cap in CAPABILITIES:
         args += ["--cap-add", cap]
     return args

@@ -1,0 +1,97 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The vllm_server_files module on real files: directories, exact contents and modes in one run, nothing changed on
+the second run, check mode changes nothing, a secret never comes back in the result."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from ansible_collections.onprem.vllm.plugins.modules import vllm_server_files
+
+SECRET = "sk-test-secret-value"
+
+
+@pytest.fixture
+def server_files(call_module):
+    return lambda **args: call_module(vllm_server_files, **args)
+
+
+def _mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _layout(root):
+    config = root / "etc" / "onprem-vllm"
+    return dict(
+        directories=[dict(path=str(config), mode="0700"), dict(path=str(config / "middleware"), mode="0755")],
+        files=[dict(path=str(config / "vllm.api-key"), content=SECRET + "\n", mode="0600"),
+               dict(path=str(config / "middleware" / "auth.py"), content="print('auth')\n", mode="0644")],
+        absent=[str(config / "vllm.env")],
+    )
+
+
+def test_creates_writes_and_removes_in_one_run_then_changes_nothing(server_files, tmp_path):
+    config = tmp_path / "etc" / "onprem-vllm"
+    config.mkdir(parents=True, mode=0o755)
+    (config / "vllm.env").write_text("VLLM_API_KEY=old\n")
+    rc, result = server_files(**_layout(tmp_path))
+    assert rc == 0 and result["changed"] is True
+    # The existing directory only changed mode; its parent etc/ existed.
+    assert result["changed_paths"] == [str(config), str(config / "middleware"), str(config / "vllm.api-key"),
+                                       str(config / "middleware" / "auth.py"), str(config / "vllm.env")]
+    assert _mode(config) == 0o700 and _mode(config / "middleware") == 0o755
+    assert (config / "vllm.api-key").read_text() == SECRET + "\n" and _mode(config / "vllm.api-key") == 0o600
+    assert (config / "middleware" / "auth.py").read_text() == "print('auth')\n"
+    assert _mode(config / "middleware" / "auth.py") == 0o644
+    assert not (config / "vllm.env").exists()
+    assert sorted(os.listdir(config)) == ["middleware", "vllm.api-key"]  # no temporary file left behind
+    assert SECRET not in json.dumps(result)
+
+    rc, again = server_files(**_layout(tmp_path))
+    assert rc == 0 and again["changed"] is False and again["changed_paths"] == []
+
+
+def test_a_changed_content_or_mode_is_reported_by_path(server_files, tmp_path):
+    server_files(**_layout(tmp_path))
+    config = tmp_path / "etc" / "onprem-vllm"
+    (config / "middleware" / "auth.py").chmod(0o666)
+    layout = _layout(tmp_path)
+    layout["files"][0]["content"] = "sk-rotated\n"
+    rc, result = server_files(**layout)
+    assert rc == 0 and result["changed_paths"] == [str(config / "vllm.api-key"), str(config / "middleware" / "auth.py")]
+    assert (config / "vllm.api-key").read_text() == "sk-rotated\n" and _mode(config / "vllm.api-key") == 0o600
+    assert _mode(config / "middleware" / "auth.py") == 0o644
+
+
+def test_missing_parents_are_created_with_the_directory(server_files, tmp_path):
+    cache = tmp_path / "data" / "vllm" / "cache"
+    rc, result = server_files(directories=[dict(path=str(cache), mode="0750")])
+    assert rc == 0 and result["changed_paths"] == [str(cache)]
+    assert _mode(tmp_path / "data") == 0o750 and _mode(cache) == 0o750
+
+
+def test_check_mode_reports_and_changes_nothing(server_files, tmp_path):
+    (tmp_path / "old.env").write_text("x")
+    layout = _layout(tmp_path)
+    layout["absent"] = [str(tmp_path / "old.env")]
+    rc, result = server_files(_ansible_check_mode=True, **layout)
+    assert rc == 0 and result["changed"] is True and len(result["changed_paths"]) == 5
+    assert sorted(os.listdir(tmp_path)) == ["old.env"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(files=[dict(path="relative/key", content="x", mode="0600")]), "relative/key is not an absolute path"),
+    (dict(directories=[dict(path="/tmp/x", mode="rw")]), "mode 'rw' of /tmp/x is not an octal mode"),
+])
+def test_bad_arguments_fail_before_anything_changes(server_files, args, message):
+    rc, result = server_files(**args)
+    assert rc == 1 and message in result["msg"]
+
+
+def test_a_file_whose_directory_is_missing_fails_naming_it(server_files, tmp_path):
+    rc, result = server_files(files=[dict(path=str(tmp_path / "nowhere" / "key"), content=SECRET, mode="0600")])
+    assert rc == 1 and "its directory %s does not exist" % (tmp_path / "nowhere") in result["msg"]
+    assert SECRET not in json.dumps(result)
