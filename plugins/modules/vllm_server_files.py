@@ -48,7 +48,7 @@ options:
         type: str
         required: true
   absent:
-    description: Files to remove (a missing one is left as it is).
+    description: Files to remove, by absolute path (a missing one is left as it is).
     type: list
     elements: path
     default: []
@@ -182,14 +182,12 @@ def _ensure_absent(module, path):
 
 
 def main():
+    path_and_mode = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True))
     module = AnsibleModule(
         argument_spec=dict(
-            directories=dict(type="list", elements="dict", default=[],
-                             options=dict(path=dict(type="path", required=True), mode=dict(type="str", required=True))),
+            directories=dict(type="list", elements="dict", default=[], options=path_and_mode),
             files=dict(type="list", elements="dict", default=[],
-                       options=dict(path=dict(type="path", required=True),
-                                    content=dict(type="str", required=True, no_log=True),
-                                    mode=dict(type="str", required=True))),
+                       options=dict(path_and_mode, content=dict(type="str", required=True, no_log=True))),
             absent=dict(type="list", elements="path", default=[]),
             owner=dict(type="str", default=""),
             group=dict(type="str", default=""),
@@ -197,9 +195,10 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    for path in [item["path"] for item in p["directories"] + p["files"]] + p["absent"]:
+        if not os.path.isabs(path):
+            module.fail_json(msg="%s is not an absolute path" % path)
     for item in p["directories"] + p["files"]:
-        if not os.path.isabs(item["path"]):
-            module.fail_json(msg="%s is not an absolute path" % item["path"])
         try:
             int(item["mode"], 8)
         except ValueError:

@@ -85,6 +85,7 @@ def test_check_mode_reports_and_changes_nothing(server_files, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (dict(files=[dict(path="relative/key", content="x", mode="0600")]), "relative/key is not an absolute path"),
     (dict(directories=[dict(path="/tmp/x", mode="rw")]), "mode 'rw' of /tmp/x is not an octal mode"),
+    (dict(absent=["old/vllm.env"]), "old/vllm.env is not an absolute path"),
 ])
 def test_bad_arguments_fail_before_anything_changes(server_files, args, message):
     rc, result = server_files(**args)
