@@ -30,6 +30,7 @@ remade when the image changes) and `seed` copies it into each new host, as on a 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -230,8 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         labctl.require_docker()
         entry = serving_entry()
         if args.command == "store":
-            build_store(entry)
-            warm_vllm_cache(entry)
+            # The template's load (Docker's disk) and the cache's model inspection (one core) at once: on a fresh
+            # machine 66 s and 22 s one after the other.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                cache_written = pool.submit(warm_vllm_cache, entry)
+                build_store(entry)
+                cache_written.result()
         else:
             seed(args.hosts, entry)
     except labctl.LabError as exc:
