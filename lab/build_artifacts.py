@@ -22,7 +22,6 @@ each tar by the image ID it holds, the checkpoint by the hash of its generator a
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import functools
 import hashlib
 import http.server
@@ -111,17 +110,6 @@ def save_manifest(manifest: dict) -> None:
     tmp = MANIFEST.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     tmp.replace(MANIFEST)
-
-
-# The checkpoint and the image archives are made at once (main): each records its entry under this lock.
-_MANIFEST_LOCK = threading.Lock()
-
-
-def record(manifest: dict, section: str, key: str, entry: dict) -> None:
-    """manifest[section][key] = entry, then the manifest written, under _MANIFEST_LOCK."""
-    with _MANIFEST_LOCK:
-        manifest[section][key] = entry
-        save_manifest(manifest)
 
 
 def inspect_image(ref: str) -> dict | None:
@@ -273,7 +261,7 @@ def save_image(args, tag: str, image_id: str, manifest: dict, report: dict, omit
     host_layers = inspect_image(omit_layers_of)["RootFS"]["Layers"] if omit_layers_of else None
     how = labctl.save_image_archive(tag, image_id, tar, host_layers)
     info = inspect_image(tag)
-    record(manifest, "images", tag, {
+    manifest["images"][tag] = {
         "id": image_id,
         "recipe": image_labels(info).get(f"{labctl.LAB_LABEL}.recipe"),
         "image_bytes": info.get("Size"),
@@ -281,7 +269,8 @@ def save_image(args, tag: str, image_id: str, manifest: dict, report: dict, omit
         "tar_bytes": tar.stat().st_size,
         "omits_layers_of": omit_layers_of,
         "vllm_version": VLLM_VERSION,
-    })
+    }
+    save_manifest(manifest)
     report[f"save {tag}"] = f"{how} {tar.relative_to(BUILD_DIR)} ({tar.stat().st_size / 1e9:.2f} GB)"
 
 
@@ -385,7 +374,7 @@ def build_checkpoint(args, serving_recipe_hash: str, manifest: dict, report: dic
         if seed_repo.exists():
             shutil.rmtree(seed_repo)  # only our own generated copy under lab/build
         shutil.move(str(staging), str(seed_repo))
-    record(manifest, "models", MODEL_ID, {
+    manifest["models"][MODEL_ID] = {
         "revision": rev,
         "recipe": recipe,
         "repo_dir": MODEL_REPO_DIR,
@@ -397,7 +386,8 @@ def build_checkpoint(args, serving_recipe_hash: str, manifest: dict, report: dic
         "size_bytes": sum((seed_repo / "blobs" / h).stat().st_size for h in set(hashes.values())),
         "deterministic_checked": not args.skip_determinism_check,
         **info,
-    })
+    }
+    save_manifest(manifest)
     report["checkpoint"] = f"generated {MODEL_ID} rev {rev} ({tar_path.relative_to(BUILD_DIR)})"
 
 
@@ -511,22 +501,14 @@ def main(argv: list[str] | None = None) -> int:
         with step("lab2 image", timings):
             lab2_id = build_lab2_image(args, image_id, report)
         recipe = image_labels(inspect_image(IMAGE_TAG)).get(f"{labctl.LAB_LABEL}.recipe")
-
-        def checkpoint() -> None:
-            with step("checkpoint", timings):
-                build_checkpoint(args, recipe, manifest, report, timings)
-
-        # The checkpoint (the serving image run twice, CPU) is made while the archives are written (Docker's
-        # disk): on a fresh machine 16 s and 82 s one after the other.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            checkpoint_made = pool.submit(checkpoint)
-            with step(f"save {IMAGE_TAG}", timings):
-                save_image(args, IMAGE_TAG, image_id, manifest, report)
-            with step(f"save {IMAGE_TAG_LAB2}", timings):
-                # Its layers are all the serving image's, which every lab host holds: the upgrade archive leaves
-                # them out, and each upgrade's `docker load` takes a second instead of unpacking 3 GB (40 s a host).
-                save_image(args, IMAGE_TAG_LAB2, lab2_id, manifest, report, omit_layers_of=IMAGE_TAG)
-            checkpoint_made.result()
+        with step("checkpoint", timings):
+            build_checkpoint(args, recipe, manifest, report, timings)
+        with step(f"save {IMAGE_TAG}", timings):
+            save_image(args, IMAGE_TAG, image_id, manifest, report)
+        with step(f"save {IMAGE_TAG_LAB2}", timings):
+            # Its layers are all the serving image's, which every lab host holds: the upgrade archive leaves them
+            # out, and each upgrade's `docker load` takes a second instead of unpacking 3 GB (40 s a host).
+            save_image(args, IMAGE_TAG_LAB2, lab2_id, manifest, report, omit_layers_of=IMAGE_TAG)
         manifest["base_image"] = {"tag": base_tag, "id": base_id}
         save_manifest(manifest)
         # Children first: an old base image stays while an old serving image is built on it.
