@@ -1,8 +1,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A steady stream of chat completions through the fleet gateway, counted: the client's view of a rollout.
 
-  python3 benchmarks/prober.py --url http://172.30.98.5:4000 --key-file KEYFILE --model qwen3-lab \
-      --max-requests 5000 --max-seconds 900 --out prober.json [--stop-file FILE]
+  python3 benchmarks/prober.py --url https://172.30.97.5:4000 --cafile GATEWAY_CERT --key-file KEYFILE \
+      --model qwen3-30b-a3b --max-requests 5000 --max-seconds 900 --out prober.json [--stop-file FILE]
 
 Standard library only. Bounded: it stops at --max-requests, after --max-seconds, or when --stop-file appears,
 whichever comes first. It only talks to loopback or private (lab) addresses. The API key comes from a file (or the
@@ -16,6 +16,7 @@ import ipaddress
 import json
 import os
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -66,6 +67,8 @@ class Prober:
         self.latencies: list[float] = []
         self.timeline: dict[int, dict] = {}
         self.stop = threading.Event()
+        # HTTPS: the gateway's certificate is verified (against --cafile, else the system's CAs).
+        self.context = ssl.create_default_context(cafile=args.cafile) if args.url.startswith("https:") else None
 
     def take_slot(self) -> bool:
         with self.lock:
@@ -84,7 +87,7 @@ class Prober:
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {self.key}"})
         try:
-            with urllib.request.urlopen(req, timeout=self.args.request_timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.args.request_timeout, context=self.context) as resp:
                 payload = json.loads(resp.read().decode())
                 if not payload.get("choices"):
                     return resp.status, resp.headers.get("X-Onprem-Backend", ""), "no choices in the answer"
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", required=True, help="gateway base URL (loopback or private address)")
     parser.add_argument("--key-file", type=Path, help="file holding the client API key (else $PROBER_API_KEY)")
+    parser.add_argument("--cafile", help="PEM certificate(s) an https gateway's certificate is verified against")
     parser.add_argument("--model", required=True)
     parser.add_argument("--max-requests", type=int, default=5000)
     parser.add_argument("--max-seconds", type=float, default=900)

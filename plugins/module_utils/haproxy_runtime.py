@@ -7,12 +7,18 @@ sessions (`scur`) and queue (`qcur`) are zero, then `state maint` (health checks
 error). Undrain goes MAINT -> DRAIN, forces the server's health DOWN, then `state ready`: leaving MAINT straight to
 ready, HAProxy reports the health the server had before (UP at once, no new check), so the host counts as back only
 once HAProxy has run `rise` fresh passing checks after the undrain and says UP again.
+
+Runtime states live in HAProxy's memory only: a reload or restart would put a drained host back in rotation. So every
+change is followed by `show servers state` written to the server-state file that HAProxy loads when it starts
+(`server-state-file`, `load-server-state-from-file global`).
 """
 from __future__ import annotations
 
 import csv
 import io
+import os
 import socket
+import tempfile
 import time
 
 STATES = ("ready", "drain", "maint")
@@ -138,3 +144,40 @@ class RuntimeSocket:
 
     def stat_rows(self) -> list[dict]:
         return parse_stat(self.command("show stat"))
+
+    def server_state(self) -> str:
+        return check_server_state(self.command("show servers state"))
+
+
+def check_server_state(text: str) -> str:
+    """`show servers state` output as HAProxy's server-state-file wants it: a format version line, then the rows."""
+    if not text.startswith("1\n") or "\n# be_id " not in text:
+        raise RuntimeError_(f"unexpected `show servers state` output: {text[:200]!r}")
+    return text if text.endswith("\n") else text + "\n"
+
+
+def write_server_state(path: str, text: str) -> None:
+    """Replace HAProxy's server-state file with `text`, atomically and durably (a power cut leaves the old file or the
+    new one, never a torn one): a temporary file beside it, fsync, rename, fsync of the folder. The file is 0640 and
+    takes the folder's group, which HAProxy's user reads through."""
+    folder = os.path.dirname(path) or "."
+    group = os.stat(folder).st_gid
+    fd, tmp = tempfile.mkstemp(prefix=".servers.state.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(check_server_state(text))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o640)
+        if os.geteuid() == 0:
+            os.chown(tmp, 0, group)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

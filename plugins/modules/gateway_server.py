@@ -51,6 +51,13 @@ options:
     description: Seconds between two reads of the server's statistics.
     type: float
     default: 0.5
+  state_file:
+    description:
+      - HAProxy's server-state file on the gateway host (its C(server-state-file), loaded when HAProxy starts or
+        reloads). After each command sent, the servers' states are written there (atomically, fsync'd), so a drained
+        server stays drained across a reload, a restart of the container and a reboot of the host.
+      - Omitted, the state lives only in HAProxy's memory.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -121,6 +128,7 @@ commands:
   sample: [set server vllm/ws1 state drain, set server vllm/ws1 state maint]
 """
 
+import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -134,6 +142,7 @@ from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import
     in_flight,
     is_serving,
     wait_for,
+    write_server_state,
 )
 
 
@@ -148,6 +157,7 @@ def main():
             fresh_check=dict(type="bool", default=True),
             timeout=dict(type="int", default=600),
             poll_interval=dict(type="float", default=0.5),
+            state_file=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -157,6 +167,17 @@ def main():
 
     def fetch():
         return find_server(api.stat_rows(), backend, server)
+
+    def send(cmd):
+        """One runtime command, then the states saved where HAProxy loads them (a reload must not undo a drain)."""
+        api.set_command(cmd)
+        if params["state_file"]:
+            try:
+                write_server_state(params["state_file"], api.server_state())
+            except OSError as exc:
+                raise RuntimeError_(f"`{cmd}` was applied, but the server-state file {params['state_file']} could not "
+                                    f"be written ({exc}): a reload of the gateway would forget it. Check the folder "
+                                    "(gateway_state_dir) exists on the gateway host") from exc
 
     def admin_line(admin):
         return f"{backend}/{server}: {admin.upper()}\n"
@@ -180,7 +201,7 @@ def main():
             module.exit_json(status=before, in_flight=in_flight(row), timestamp=time.time(), **result)
         drain_cmds = [cmd for cmd in commands if cmd.endswith("state drain")]
         for cmd in drain_cmds:
-            api.set_command(cmd)
+            send(cmd)
         if state in ("drain", "maint") and params["wait"]:
             row, waited, finished = wait_for(fetch, lambda r: in_flight(r) == 0, params["timeout"],
                                              params["poll_interval"])
@@ -193,7 +214,7 @@ def main():
                                  in_flight=in_flight(row), timestamp=time.time(), **result)
         for cmd in commands:
             if cmd not in drain_cmds:
-                api.set_command(cmd)
+                send(cmd)
         row = fetch()
         # Only a server this call put back is waited for: one already in rotation but DOWN is the health check's.
         if state == "ready" and params["wait"] and commands:
@@ -202,7 +223,7 @@ def main():
             result["waited"] = round(waited, 2)
             if not finished:
                 # Out of rotation again: a server the gateway cannot check must not flap back in later unverified.
-                api.set_command(f"set server {backend}/{server} state maint")
+                send(f"set server {backend}/{server} state maint")
                 note_after("maint")
                 module.fail_json(msg=f"{backend}/{server} did not pass a fresh health check by the gateway within "
                                      f"{params['timeout']} s (status {row.get('status')}, last check: "
@@ -211,12 +232,17 @@ def main():
                                      "that the gateway reaches the host (advertise host, port, bind address, "
                                      "firewall)",
                                  status=row.get("status"), in_flight=in_flight(row), timestamp=time.time(), **result)
+        if params["state_file"] and (commands or not os.path.exists(params["state_file"])):
+            # At the end too: a server put back is saved UP, not as the DOWN its fresh check started from; and a
+            # gateway that has no file yet gets one. Not counted as a change: the file only mirrors HAProxy's state,
+            # and the rollouts read `changed` as "this host was put back" (the undrain's canary).
+            write_server_state(params["state_file"], api.server_state())
         note_after(admin_state(row.get("status", "")))
         if admin_state(row.get("status", "")) != state:
             module.fail_json(msg=f"{backend}/{server} is {row.get('status')} after {commands}, not {state}",
                              status=row.get("status"), in_flight=in_flight(row), timestamp=time.time(), **result)
         module.exit_json(status=row.get("status", ""), in_flight=in_flight(row), timestamp=time.time(), **result)
-    except RuntimeError_ as exc:
+    except (RuntimeError_, OSError) as exc:
         module.fail_json(msg=str(exc))
 
 

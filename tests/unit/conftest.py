@@ -3,7 +3,8 @@
 
 - run_module / run_playbook: the real module or role through the ansible CLI on this machine (local connection);
   run_playbook gives every play the example inventory's plan (PLAN: what a role defaults from), the test's own
-  variables over it (a variable given as "<unset>" is left out);
+  variables over it (a variable given as "<unset>" is left out); with plan=False only the test's variables, for an
+  inventory that brings its own plan;
 - run_playbook_cases: one ansible-playbook run for many cases, each case a host of its own (local connection, the
   plan and its variables as host variables): a run costs seconds of start-up, a case a few tasks;
 - call_module: a module's main() in this process, for modules whose inputs are all arguments;
@@ -137,27 +138,29 @@ class PlaybookRun:
         return failed[-1]["msg"] if failed else None
 
 
-def _play_variables(variables, **connection):
-    """The plan, this Python as the interpreter, the connection settings and the test's variables over them, less those
-    given as UNSET."""
-    merged = dict(PLAN, ansible_python_interpreter=sys.executable, **connection)
+def _play_variables(variables, plan=True, **connection):
+    """The plan (unless plan=False), this Python as the interpreter, the connection settings and the test's variables
+    over them, less those given as UNSET."""
+    merged = dict(PLAN if plan else {}, ansible_python_interpreter=sys.executable, **connection)
     merged.update(variables)
     return {name: value for name, value in merged.items() if value != UNSET}
 
 
 @pytest.fixture
 def run_playbook(tmp_path):
-    """run_playbook(text, variables, inventory=None, env=None, host="localhost") -> PlaybookRun.
+    """run_playbook(text, variables, inventory=None, env=None, host="localhost", plan=True) -> PlaybookRun.
 
-    Without an inventory the play runs on localhost (local connection); the plan and the variables go in as extra
-    vars (JSON)."""
+    Without an inventory the play runs on localhost (local connection); the plan (unless plan=False) and the variables
+    go in as extra vars (JSON). inventory: its text (a str), or the path of an inventory file or folder (a Path)."""
 
-    def run(text, variables, inventory=None, env=None, host="localhost", timeout=180):
+    def run(text, variables, inventory=None, env=None, host="localhost", timeout=180, plan=True):
         book = tmp_path / "_play.yml"
         book.write_text(text)
-        variables = _play_variables(variables)
+        variables = _play_variables(variables, plan=plan)
         if inventory is None:
             target = ["-i", "localhost,", "-c", "local"]
+        elif isinstance(inventory, os.PathLike):
+            target = ["-i", os.fspath(inventory)]
         else:
             (tmp_path / "_hosts.ini").write_text(inventory)
             target = ["-i", str(tmp_path / "_hosts.ini")]
@@ -436,7 +439,19 @@ class HAProxySocket:
                   for n, name in enumerate(self.states)]
         return "\n".join(lines + ["vllm,BACKEND,0,0,UP,"]) + "\n\n"
 
+    # `show servers state` as 2.6.12 prints it (columns cut after srv_admin_state; 0x01 forced maint, 0x08 drain).
+    ADMIN_BITS = {"ready": 0, "drain": 8, "maint": 1}
+
+    def servers_state(self):
+        lines = ["1", "# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state"]
+        for n, name in enumerate(self.states):
+            op_state = 2 if self.health[name] == "UP" else 0
+            lines.append("3 vllm %d %s 10.0.0.%d %d %d" % (n + 1, name, n + 1, op_state, self.ADMIN_BITS[self.states[name]]))
+        return "\n".join(lines) + "\n"
+
     def answer(self, cmd):
+        if cmd == "show servers state":
+            return self.servers_state()
         if cmd == "show stat":
             text = self.stat()
             self.scur = {name: max(0, count - 1) for name, count in self.scur.items()}

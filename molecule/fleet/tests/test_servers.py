@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-testinfra_hosts = ["ansible://vllm_servers"]
+# By container name: the inventory's ansible_host is the host's lab address (lab_overlay.yml).
+testinfra_hosts = ["docker://fleet-ws1", "docker://fleet-ws2", "docker://fleet-ws3"]
 
 
 def test_each_server_keeps_its_deployment_record(host):

@@ -6,6 +6,10 @@ vLLM's own --api-key guards only paths under /v1, /v2, /inference and /cohere: /
 vLLM image) refuses every request without `Authorization: Bearer <key>` except the read-only probes in OPEN_PATHS
 and CORS preflights. The key comes from a file (the role mounts a 0600 file read-only), never from argv or the
 environment; a missing or empty file stops the server at startup instead of serving unguarded.
+
+While the host's drain flag exists (ONPREM_VLLM_DRAIN_FILE; files/onprem_vllm_drain.py writes it when the host shuts
+down), GET /health answers 503: the gateways' health checks take the host out of rotation while the requests it
+already has finish, before vLLM itself is stopped.
 """
 from __future__ import annotations
 
@@ -15,12 +19,14 @@ import json
 import os
 
 KEY_FILE_ENV = "ONPREM_VLLM_API_KEY_FILE"
+DRAIN_FILE_ENV = "ONPREM_VLLM_DRAIN_FILE"
 DEFAULT_KEY_FILE = "/run/secrets/onprem-vllm-api-key"
 # Liveness, readiness and Prometheus: no inference, no tokenizer, no prompt. Exact paths, GET/HEAD only.
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/metrics/"})
 OPEN_METHODS = frozenset({"GET", "HEAD"})
 _UNAUTHORIZED = json.dumps({"error": {"message": "missing or wrong API key", "type": "invalid_request_error",
                                       "code": 401}}).encode()
+_DRAINING = json.dumps({"status": "draining: the host is shutting down"}).encode()
 
 
 def read_key(path: str) -> bytes:
@@ -32,8 +38,9 @@ def read_key(path: str) -> bytes:
 
 
 class BearerKeyMiddleware:
-    def __init__(self, app, key_file: str | None = None) -> None:
+    def __init__(self, app, key_file: str | None = None, drain_file: str | None = None) -> None:
         self.app = app
+        self.drain_file = drain_file or os.environ.get(DRAIN_FILE_ENV, "")
         # Compare digests of equal length in constant time (as vLLM's own middleware does).
         self._digest = hashlib.sha256(read_key(key_file or os.environ.get(KEY_FILE_ENV, DEFAULT_KEY_FILE))).digest()
 
@@ -56,9 +63,17 @@ class BearerKeyMiddleware:
             path = path[len(root_path):]
         return method in OPEN_METHODS and path in OPEN_PATHS
 
+    def draining(self, scope) -> bool:
+        return bool(self.drain_file) and scope.get("path") == "/health" and os.path.exists(self.drain_file)
+
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)  # lifespan
+        if scope["type"] == "http" and self.draining(scope):
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(_DRAINING)).encode())]})
+            return await send({"type": "http.response.body", "body": _DRAINING})
         if (scope["type"] == "http" and self.is_open(scope)) or self.authorized(scope.get("headers")):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":

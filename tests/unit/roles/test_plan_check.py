@@ -8,9 +8,12 @@ from __future__ import annotations
 import os
 
 import pytest
+import yaml
 
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MODELS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "models"))
-PLAN_PLAYBOOK = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "playbooks", "plan.yml"))
+PLAN_PLAYBOOK = os.path.join(ROOT, "playbooks", "plan.yml")
+EXAMPLE = os.path.join(ROOT, "inventories", "example")
 PLAYBOOK = """
 - name: The plan check under test
   ansible.builtin.import_playbook: %s
@@ -150,3 +153,33 @@ def test_lab_cpu_mode_skips_the_gpu_steps(run_plan, gpu_host):
 def test_a_missing_plan_variable_is_named(run_plan):
     msg, dummy = run_plan(onprem_vllm_served_model_name="<unset>", onprem_vllm_port="<unset>")
     assert "missing required arguments: onprem_vllm_port, onprem_vllm_served_model_name" in msg
+
+
+def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(run_playbook, gpu_host, tmp_path):
+    """inventories/example as an operator copies it (its group_vars as they are, its hosts replaced by this machine)
+    passes the plan check on a bare dual RTX 4090 workstation. Nothing of conftest's PLAN goes in (plan=False): the
+    plan and the role settings are the example's own. Its Vault placeholders go in as they are: the plan check reads
+    no secret (hf_cache's validate step asserts the hub source's image and model size, and downloads nothing)."""
+    with open(os.path.join(EXAMPLE, "group_vars", "all", "plan.yml")) as handle:
+        plan = yaml.safe_load(handle)
+    inventory = tmp_path / "example"
+    inventory.mkdir()
+    (inventory / "group_vars").symlink_to(os.path.join(EXAMPLE, "group_vars"))
+    (inventory / "hosts.ini").write_text(INVENTORY)
+    # The example's gpu_preflight_model_config_path is {{ inventory_dir }}/../example-model-configs/...: kept beside.
+    (tmp_path / "example-model-configs").symlink_to(os.path.join(ROOT, "inventories", "example-model-configs"))
+    host_root = gpu_host(gpus=(RTX4090, RTX4090))
+    result = run_playbook(PLAYBOOK, {
+        "plan_check_sysfs_root": os.path.join(host_root, "sys"),  # the simulated host's PCI bus: this one has no GPUs
+        "nvidia_driver_host_root": host_root,  # its /proc and /sys: no driver loaded, no nouveau, no Secure Boot
+    }, inventory=inventory, plan=False)
+    assert result.failure() is None and result.rc == 0
+    checked = [r["msg"]["plan_check_result"] for r in result.results if "plan_check_result" in r.get("msg", {})][-1]
+    assert checked["models"] == ["NVIDIA GeForce RTX 4090"] and len(checked["gpus"]) == 2
+    needed = plan["onprem_vllm_tensor_parallel_size"] * plan["onprem_vllm_pipeline_parallel_size"]
+    assert int(checked["needed"]) == needed == 2
+    assert checked["driver_action"] == "install"  # a bare host: no driver yet
+    kv_plan = checked["kv_plan"]
+    assert kv_plan["fits"] and kv_plan["max_model_len"] == plan["onprem_vllm_max_model_len"]
+    assert kv_plan["gpu_memory_utilization"] == plan["onprem_vllm_gpu_memory_utilization"]
+    assert int(kv_plan["kv_cache_tokens"]) > plan["onprem_vllm_max_model_len"]

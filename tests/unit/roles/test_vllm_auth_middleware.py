@@ -97,3 +97,19 @@ def test_a_missing_key_file_stops_the_server(tmp_path, monkeypatch):
     monkeypatch.setenv(auth.KEY_FILE_ENV, str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError):
         auth.BearerKeyMiddleware(_inner)
+
+
+def test_health_fails_while_the_host_drains_and_everything_else_serves(tmp_path):
+    """The drain flag (written when the host shuts down) fails /health only: the gateways stop sending new requests,
+    the requests the server has (and any that still arrive) are served."""
+    key_file, flag = tmp_path / "key", tmp_path / "draining"
+    key_file.write_text(KEY + "\n")
+    guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(flag))
+    assert call(guard, "/health", method="GET")[0]["status"] == 200
+    flag.touch()
+    sent = call(guard, "/health", method="GET")
+    assert sent[0]["status"] == 503 and b"draining" in sent[1]["body"]
+    assert call(guard, "/v1/completions", authorization="Bearer " + KEY)[0]["status"] == 200
+    assert call(guard, "/metrics", method="GET")[0]["status"] == 200
+    flag.unlink()
+    assert call(guard, "/health", method="GET")[0]["status"] == 200

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.onprem.vllm.plugins.module_utils import haproxy_runtime
 from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import (
     RuntimeError_,
     RuntimeSocket,
@@ -114,3 +115,27 @@ def test_runtime_socket_drains_after_requests_finish(haproxy_socket):
 def test_runtime_socket_missing_socket_says_what_to_check(tmp_path):
     with pytest.raises(RuntimeError_, match="is the gateway container running"):
         RuntimeSocket(str(tmp_path / "absent.sock")).stat_rows()
+
+
+STATE = "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state\n3 vllm 1 ws1 10.0.0.1 2 1\n"
+
+
+def test_server_state_output_is_checked_before_it_is_saved(tmp_path):
+    with pytest.raises(RuntimeError_, match="unexpected `show servers state` output"):
+        haproxy_runtime.write_server_state(str(tmp_path / "servers.state"), "Unknown command.\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_crash_before_the_rename_keeps_the_old_state_file(tmp_path, monkeypatch):
+    """Killed between writing the new state and renaming it over the old one: the old file is whole, no temporary
+    file is left (HAProxy never loads a torn file)."""
+    path = tmp_path / "servers.state"
+    path.write_text(STATE)
+
+    def power_cut(src, dst):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(haproxy_runtime.os, "replace", power_cut)
+    with pytest.raises(KeyboardInterrupt):
+        haproxy_runtime.write_server_state(str(path), STATE.replace(" 2 1\n", " 2 0\n"))
+    assert path.read_text() == STATE and [p.name for p in tmp_path.iterdir()] == ["servers.state"]

@@ -25,8 +25,8 @@ def gateway(call_module):
 
 
 def sent(fake):
-    """The state-changing commands the fake received (every `show stat` left out), and forget them."""
-    changes = [cmd for cmd in fake.commands if cmd != "show stat"]
+    """The state-changing commands the fake received (every `show ...` left out), and forget them."""
+    changes = [cmd for cmd in fake.commands if not cmd.startswith("show ")]
     fake.commands.clear()
     return changes
 
@@ -119,3 +119,47 @@ def test_ansible_check_and_diff_through_the_cli(run_module, haproxy_socket):
     assert result["changed"] is True and result["commands"] == [DRAIN]
     assert result["diff"] == {"before": "vllm/ws1: READY\n", "after": "vllm/ws1: DRAIN\n"}
     assert sent(fake) == []
+
+
+def saved_admin_state(path):
+    """{server: srv_admin_state} of a server-state file."""
+    rows = [line.split() for line in path.read_text().splitlines()[2:]]
+    return {row[3]: int(row[6]) for row in rows}
+
+
+def test_every_change_is_saved_where_haproxy_loads_it_on_reload(gateway, haproxy_socket, tmp_path):
+    """A drain survives a reload or restart of HAProxy only through its server-state file: written after each command,
+    0640 with the folder's group, never in check mode; the undrain saves the server back in rotation."""
+    fake = haproxy_socket("ws1", "ws2")
+    state_file = tmp_path / "state" / "servers.state"
+    state_file.parent.mkdir()
+    rc, check = gateway(fake, "maint", state_file=str(state_file), _ansible_check_mode=True)
+    assert rc == 0 and check["changed"] and not state_file.exists()
+
+    rc, drained = gateway(fake, "maint", state_file=str(state_file))
+    assert rc == 0 and drained["status"] == "MAINT", drained.get("msg")
+    assert state_file.read_text().startswith("1\n# be_id ")
+    assert saved_admin_state(state_file) == {"ws1": 1, "ws2": 0}
+    assert oct(state_file.stat().st_mode & 0o777) == "0o640"
+    assert state_file.stat().st_gid == state_file.parent.stat().st_gid
+    assert [p.name for p in state_file.parent.iterdir()] == ["servers.state"]  # no temporary file left
+
+    rc, back = gateway(fake, "ready", state_file=str(state_file))
+    assert rc == 0 and back["status"] == "UP", back.get("msg")
+    assert saved_admin_state(state_file) == {"ws1": 0, "ws2": 0}
+
+
+def test_a_gateway_without_a_state_file_gets_one_even_with_nothing_to_change(gateway, haproxy_socket, tmp_path):
+    fake = haproxy_socket("ws1")
+    fake.states["ws1"] = "maint"
+    state_file = tmp_path / "servers.state"
+    rc, result = gateway(fake, "maint", state_file=str(state_file))
+    assert rc == 0 and result["changed"] is False and result["commands"] == [] and sent(fake) == []
+    assert saved_admin_state(state_file) == {"ws1": 1}
+
+
+def test_a_state_file_that_cannot_be_written_fails_and_says_where(gateway, haproxy_socket, tmp_path):
+    fake = haproxy_socket("ws1")
+    rc, result = gateway(fake, "maint", state_file=str(tmp_path / "missing" / "servers.state"))
+    assert rc == 1 and "could not be written" in result["msg"] and "gateway_state_dir" in result["msg"]
+    assert fake.status("ws1") == "DRAIN"  # applied: the message says so
