@@ -39,11 +39,24 @@ def load_json(path, default):
         return default
 
 
+def fsync_dir(path):
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path, text):
+    """The new content on disk before it replaces the old (fsync, rename, fsync of the folder): a power cut leaves the
+    old file or the new one, never an empty one and never a journal position ahead of what it stands for."""
     tmp = path + ".tmp"
     with open(tmp, "w") as handle:
         handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
+    fsync_dir(path)
 
 
 def read_journal(cursor):
@@ -188,6 +201,9 @@ def main(argv=None):
         with open(args.event_log, "a") as handle:
             for event in events:
                 handle.write(json.dumps(dict(event, host=host), sort_keys=True) + "\n")
+            # On disk before the journal position moves past them (write_atomic below).
+            handle.flush()
+            os.fsync(handle.fileno())
     elif not errors:
         print("<7>xid-monitor: no new Xid events")
     spooled = 0

@@ -145,3 +145,43 @@ def test_a_failed_webhook_post_is_sent_again_by_the_next_run(monitor, sink):
     assert metrics(tmp_path)["onprem_vllm_xid_webhook_spooled"] == 0
     assert run(webhook=url).returncode == 0
     assert len(received) == 2  # nothing sent twice
+
+
+def load_monitor(tmp_path):
+    """The monitor as a module (its folder on sys.path for gpu_health_checks), for the write path's order."""
+    import importlib.util
+    lib = tmp_path / "lib-import"
+    lib.mkdir()
+    shutil.copy(os.path.join(ROOT, "roles", "monitoring", "files", "xid_monitor.py"), lib)
+    shutil.copy(os.path.join(ROOT, "plugins", "module_utils", "gpu_health_checks.py"), lib)
+    sys.path.insert(0, str(lib))
+    try:
+        spec = importlib.util.spec_from_file_location("xid_monitor_under_test", lib / "xid_monitor.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(lib))
+    return module
+
+
+def test_the_journal_position_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """A power cut must not lose the position (nor leave an empty state file): the new state is fsync'd before the
+    rename, the folder after it. Killed between the write and the rename, the old position is whole."""
+    xid = load_monitor(tmp_path)
+    state = tmp_path / "state.json"
+    state.write_text('{"cursor": "s=old"}')
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(xid.os, "fsync", lambda fd: calls.append("fsync") or real_fsync(fd))
+    monkeypatch.setattr(xid.os, "replace", lambda a, b: calls.append("replace") or real_replace(a, b))
+    xid.write_atomic(str(state), '{"cursor": "s=new"}')
+    assert calls == ["fsync", "replace", "fsync"] and json.loads(state.read_text()) == {"cursor": "s=new"}
+
+    def killed(src, dst):
+        raise KeyboardInterrupt("killed between the write and the rename")
+
+    monkeypatch.setattr(xid.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        xid.write_atomic(str(state), '{"cursor": "s=newer"}')
+    assert json.loads(state.read_text()) == {"cursor": "s=new"}
+    assert json.loads((tmp_path / "state.json.tmp").read_text()) == {"cursor": "s=newer"}  # whole, never renamed
