@@ -80,10 +80,12 @@ def test_the_overlay_holds_only_allowed_keys():
 
 def test_each_overlay_key_has_a_reason_line_above_it():
     lines = open(OVERLAY).read().splitlines()
-    for key in load(OVERLAY):
+    keys = load(OVERLAY)
+    key_lines = tuple(key + ":" for key in keys)
+    for key in keys:
         index = next(n for n, line in enumerate(lines) if line.startswith(key + ":"))
         above = lines[:index]
-        while above and (above[-1].startswith(tuple(k + ":" for k in load(OVERLAY))) or above[-1].startswith("  ")):
+        while above and (above[-1].startswith(key_lines) or above[-1].startswith("  ")):
             above.pop()  # a key of the same reason group, or a value's continuation
         assert above and above[-1].startswith("#"), f"{key} has no reason comment above it (or above its group)"
 

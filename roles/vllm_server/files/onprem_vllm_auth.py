@@ -70,16 +70,17 @@ class BearerKeyMiddleware:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)  # lifespan
         if scope["type"] == "http" and self.draining(scope):
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(_DRAINING)).encode())]})
-            return await send({"type": "http.response.body", "body": _DRAINING})
+            return await _reply(send, 503, _DRAINING)
         if (scope["type"] == "http" and self.is_open(scope)) or self.authorized(scope.get("headers")):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1008})
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(_UNAUTHORIZED)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
-        return await send({"type": "http.response.body", "body": _UNAUTHORIZED})
+        return await _reply(send, 401, _UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
+
+
+async def _reply(send, status: int, body: bytes, headers=()) -> None:
+    """A JSON answer the middleware gives itself (the app never sees the request)."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
