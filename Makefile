@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 LAB_WORKSTATIONS ?= 2
 
-.PHONY: site test test-fleet prereqs prereqs-test venv lab lab-artifacts lab-down lint sanity unit molecule artifacts bench-kv bench-kv-fleet bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
+.PHONY: site test test-fleet test-crash prereqs prereqs-test venv lab lab-artifacts lab-down lint sanity unit molecule artifacts bench-kv bench-kv-fleet bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
 
 ## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
 site: lab
@@ -77,6 +77,16 @@ molecule: venv lab-artifacts
 
 test-fleet: venv lab-artifacts
 	molecule test -s fleet
+
+## test-crash: every crash point of the canary's rollout, killed or power-cut, re-run and checked (tests/crash/crash_points.py)
+test-crash: venv lab-artifacts
+	molecule destroy -s fleet
+	molecule create -s fleet && molecule prepare -s fleet && molecule converge -s fleet
+	eph=$$(ls -dt "$$HOME"/.ansible/tmp/molecule.*.fleet | head -n 1); status=0; \
+	  ANSIBLE_CONFIG=$$eph/ansible.cfg MOLECULE_EPHEMERAL_DIRECTORY=$$eph MOLECULE_SCENARIO_DIRECTORY=$(CURDIR)/molecule/fleet MOLECULE_FILE=$(CURDIR)/molecule/fleet/molecule.yml \
+	  python3 tests/crash/crash_points.py -i $$eph/inventory/ansible_inventory.yml \
+	  --ansible-playbook $(CURDIR)/$(VENV)/bin/ansible-playbook || status=$$?; \
+	  molecule destroy -s fleet; exit $$status
 
 # vllm-wizard 0.2.0 (the comparison) lives in its own venv; --lab adds the live lab server when it runs.
 bench-kv: venv

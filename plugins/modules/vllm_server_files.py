@@ -60,6 +60,14 @@ options:
     description: Group of what is created or written; empty keeps the user's group.
     type: str
     default: ""
+  fingerprint_salt_file:
+    description:
+      - Where the host keeps a random salt (created 0600 on first use; empty, no fingerprint). The module then returns
+        RV(fingerprint), an HMAC-SHA256 under that salt of O(files)' paths and contents, as wanted.
+      - A container label can carry it, so a changed file (an API key) redeploys the container even after a run that
+        wrote the file was interrupted, and the label says nothing about the content to whoever reads it.
+    type: path
+    default: ""
 notes:
   - Check mode is supported.
 attributes:
@@ -93,9 +101,18 @@ changed_paths:
   type: list
   elements: str
   sample: [/etc/onprem-vllm/vllm.api-key]
+fingerprint:
+  description: HMAC-SHA256 (hex) of O(files) under the host's salt; empty without O(fingerprint_salt_file), or in check
+    mode before the salt exists.
+  returned: always
+  type: str
+  sample: 3f2a...
 """
 
+import hashlib
+import hmac
 import os
+import secrets
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -181,6 +198,23 @@ def _ensure_absent(module, path):
     return True
 
 
+def _fingerprint(module, salt_file, files, changed_paths):
+    """HMAC-SHA256 of the files' paths and wanted contents under the host's salt, created on first use."""
+    salt = _current_content(module, salt_file)
+    if salt is None:
+        changed_paths.append(salt_file)
+        if module.check_mode:
+            return ""
+        _ensure_file(module, salt_file, secrets.token_hex(32) + "\n", "0600")
+        salt = _current_content(module, salt_file)
+    digest = hmac.new(salt.strip(), digestmod=hashlib.sha256)
+    for item in files:
+        for part in (item["path"], item["content"]):
+            data = to_bytes(part, errors="surrogate_or_strict")
+            digest.update(b"%d:" % len(data) + data)
+    return digest.hexdigest()
+
+
 def main():
     path_and_mode = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True))
     module = AnsibleModule(
@@ -191,11 +225,12 @@ def main():
             absent=dict(type="list", elements="path", default=[]),
             owner=dict(type="str", default=""),
             group=dict(type="str", default=""),
+            fingerprint_salt_file=dict(type="path", default=""),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    for path in [item["path"] for item in p["directories"] + p["files"]] + p["absent"]:
+    for path in [item["path"] for item in p["directories"] + p["files"]] + p["absent"] + [p["fingerprint_salt_file"] or "/"]:
         if not os.path.isabs(path):
             module.fail_json(msg="%s is not an absolute path" % path)
     for item in p["directories"] + p["files"]:
@@ -213,7 +248,9 @@ def main():
     for path in p["absent"]:
         if _ensure_absent(module, path):
             changed_paths.append(path)
-    module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths)
+    fingerprint = (_fingerprint(module, p["fingerprint_salt_file"], p["files"], changed_paths)
+                   if p["fingerprint_salt_file"] else "")
+    module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, fingerprint=fingerprint)
 
 
 if __name__ == "__main__":

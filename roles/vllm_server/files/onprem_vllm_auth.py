@@ -4,8 +4,9 @@
 vLLM's own --api-key guards only paths under /v1, /v2, /inference and /cohere: /invocations, /tokenize, /pooling,
 /classify, /score, /rerank, ... answer anyone. This pure-ASGI middleware (standard library only, so it loads in any
 vLLM image) refuses every request without `Authorization: Bearer <key>` except the read-only probes in OPEN_PATHS
-and CORS preflights. The key comes from a file (the role mounts a 0600 file read-only), never from argv or the
-environment; a missing or empty file stops the server at startup instead of serving unguarded.
+and CORS preflights. The keys come from a file, one per line (the role mounts a 0600 file read-only), never from argv
+or the environment: the current key and, during a rotation, the other one, each accepted alike. A missing file or one
+without a key stops the server at startup instead of serving unguarded.
 
 While the host's drain flag exists (ONPREM_VLLM_DRAIN_FILE; files/onprem_vllm_drain.py writes it when the host shuts
 down), GET /health answers 503: the gateways' health checks take the host out of rotation while the requests it
@@ -29,27 +30,30 @@ _UNAUTHORIZED = json.dumps({"error": {"message": "missing or wrong API key", "ty
 _DRAINING = json.dumps({"status": "draining: the host is shutting down"}).encode()
 
 
-def read_key(path: str) -> bytes:
+def read_keys(path: str) -> list[bytes]:
     with open(path, "rb") as handle:
-        key = handle.read().strip()
-    if not key:
+        keys = [line.strip() for line in handle.read().splitlines() if line.strip()]
+    if not keys:
         raise RuntimeError(f"the API key file {path} is empty: refusing to serve without a key")
-    return key
+    return keys
 
 
 class BearerKeyMiddleware:
     def __init__(self, app, key_file: str | None = None, drain_file: str | None = None) -> None:
         self.app = app
         self.drain_file = drain_file or os.environ.get(DRAIN_FILE_ENV, "")
-        # Compare digests of equal length in constant time (as vLLM's own middleware does).
-        self._digest = hashlib.sha256(read_key(key_file or os.environ.get(KEY_FILE_ENV, DEFAULT_KEY_FILE))).digest()
+        # Compare digests of equal length in constant time (as vLLM's own middleware does), against every key: the
+        # time taken does not say which key matched.
+        self._digests = [hashlib.sha256(key).digest()
+                         for key in read_keys(key_file or os.environ.get(KEY_FILE_ENV, DEFAULT_KEY_FILE))]
 
     def authorized(self, headers) -> bool:
         for name, value in headers or ():
             if name.lower() == b"authorization":
                 scheme, _separator, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(hashlib.sha256(token).digest(),
-                                                                           self._digest)
+                digest = hashlib.sha256(token).digest()
+                matches = [hmac.compare_digest(digest, known) for known in self._digests]
+                return scheme.lower() == b"bearer" and any(matches)
         return False
 
     @staticmethod

@@ -113,3 +113,14 @@ def test_health_fails_while_the_host_drains_and_everything_else_serves(tmp_path)
     assert call(guard, "/metrics", method="GET")[0]["status"] == 200
     flag.unlink()
     assert call(guard, "/health", method="GET")[0]["status"] == 200
+
+
+def test_during_a_rotation_both_keys_are_served_and_no_other(tmp_path):
+    """The key file holds the current key and the rotation's other one, one per line: both pass, anything else not."""
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\nnext-key-fedcba9876543210\n")
+    guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file))
+    for key in (KEY, "next-key-fedcba9876543210"):
+        assert call(guard, "/v1/models", "GET", "Bearer " + key)[0]["status"] == 200
+    for wrong in ("Bearer " + KEY + "\nnext-key-fedcba9876543210", "Bearer next-key", "Bearer "):
+        assert call(guard, "/v1/models", "GET", wrong)[0]["status"] == 401

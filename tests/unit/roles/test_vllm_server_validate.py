@@ -36,6 +36,8 @@ CASES = {
                     "vllm_server_model": "/models/x", "vllm_server_port": 70000},
     "open_port_without_key": {"vllm_server_bind_address": "0.0.0.0", "vllm_server_api_key": ""},
     "key_with_whitespace": {"vllm_server_api_key": "REPLACE WITH ansible-vault encrypt_string"},
+    "rotation_key_with_whitespace": {"vllm_server_api_key_rotation": "REPLACE WITH ansible-vault encrypt_string"},
+    "rotation_without_key": {"vllm_server_api_key": "", "vllm_server_api_key_rotation": "next-0123456789abcdef"},
     "tp_larger_than_gpus": {"vllm_server_cpu_mode": False, "vllm_server_tensor_parallel_size": 2,
                             "vllm_server_gpu_uuids": ["GPU-c3fbd34e-333c-b84b-75d2-81d8feda572f"]},
     "key_flag": {"vllm_server_extra_args": ["--api-key", "sec-value"]},
@@ -104,6 +106,12 @@ def test_open_port_without_api_key_is_refused(checks):
 
 def test_api_key_with_whitespace_is_refused(checks):
     assert "vllm_server_api_key must be one string without spaces or newlines" in checks[0]["key_with_whitespace"]
+
+
+def test_a_bad_rotation_key_is_refused_naming_it(checks):
+    assert ("vllm_server_api_key_rotation (the plan's onprem_vllm_api_key_rotation) must be one string without spaces"
+            in checks[0]["rotation_key_with_whitespace"])
+    assert "a rotation needs the current key too" in checks[0]["rotation_without_key"]
 
 
 def test_tensor_parallel_larger_than_the_gpus_assigned(checks):

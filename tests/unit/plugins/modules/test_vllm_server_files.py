@@ -96,3 +96,30 @@ def test_a_file_whose_directory_is_missing_fails_naming_it(server_files, tmp_pat
     rc, result = server_files(files=[dict(path=str(tmp_path / "nowhere" / "key"), content=SECRET, mode="0600")])
     assert rc == 1 and "its directory %s does not exist" % (tmp_path / "nowhere") in result["msg"]
     assert SECRET not in json.dumps(result)
+
+
+def test_the_fingerprint_follows_the_files_under_a_host_salt_and_reveals_nothing(server_files, tmp_path):
+    """A container label carries the fingerprint: the same files give the same one on every run, a changed key another,
+    and without the host's salt (0600, made on first use) nobody can test a guessed key against it."""
+    layout = dict(_layout(tmp_path), fingerprint_salt_file=str(tmp_path / "etc" / "onprem-vllm" / "files.salt"))
+    salt = tmp_path / "etc" / "onprem-vllm" / "files.salt"
+    rc, first = server_files(**layout)
+    assert rc == 0 and salt.exists() and _mode(salt) == 0o600 and str(salt) in first["changed_paths"]
+    assert len(first["fingerprint"]) == 64 and SECRET not in json.dumps(first)
+    rc, again = server_files(**layout)
+    assert again["fingerprint"] == first["fingerprint"] and again["changed"] is False
+
+    rotated = dict(layout, files=[dict(layout["files"][0], content="sk-rotated\n"), layout["files"][1]])
+    rc, after = server_files(**rotated, _ansible_check_mode=True)
+    assert after["fingerprint"] != first["fingerprint"]  # check mode plans the redeploy too
+    assert (tmp_path / "etc" / "onprem-vllm" / "vllm.api-key").read_text() == SECRET + "\n"
+
+    salt.write_text("another-host-salt\n")
+    rc, elsewhere = server_files(**layout)
+    assert elsewhere["fingerprint"] not in (first["fingerprint"], after["fingerprint"])
+
+
+def test_in_check_mode_without_a_salt_no_fingerprint_is_made_and_nothing_written(server_files, tmp_path):
+    layout = dict(_layout(tmp_path), fingerprint_salt_file=str(tmp_path / "files.salt"))
+    rc, result = server_files(**layout, _ansible_check_mode=True)
+    assert rc == 0 and result["fingerprint"] == "" and not (tmp_path / "files.salt").exists()

@@ -1,0 +1,64 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gateway's client keys: checked before anything changes, and a client's rotation key served under its name.
+
+Runs the role's checks (tasks/validate.yml) and renders its clients map through ansible-playbook on this machine (local
+connection, nothing written): every case in one run, each case a host of its own.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+PLAYBOOK = """
+- name: gateway checks under test
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Run the checks
+      ansible.builtin.include_role:
+        name: gateway
+        tasks_from: validate.yml
+
+    - name: Render the clients map
+      ansible.builtin.debug:
+        msg: "{{ lookup('ansible.builtin.template', '%s') }}"
+""" % os.path.join(ROOT, "roles", "gateway", "templates", "clients.map.j2")
+IDE, IDE_NEXT, BATCH = "ide-key-0123456789abcdef", "ide-next-0123456789abcdef", "batch-key-0123456789abcdef"
+BASE = {"gateway_image_tag": "3.2-lab", "gateway_backend_api_key": "server-key-0123456789abcdef",
+        "gateway_backends": [{"name": "ws1", "address": "10.0.0.11", "port": 8000}]}
+CASES = {
+    "rotating": {"gateway_client_keys": [{"name": "ide", "key": IDE, "rotation_key": IDE_NEXT},
+                                         {"name": "batch", "key": BATCH}]},
+    "short_rotation_key": {"gateway_client_keys": [{"name": "ide", "key": IDE, "rotation_key": "short"}]},
+    "key_of_two_clients": {"gateway_client_keys": [{"name": "ide", "key": IDE},
+                                                   {"name": "batch", "key": BATCH, "rotation_key": IDE}]},
+    "undefined_vault_key": {"gateway_client_keys": [{"name": "ide", "key": "{{ vault_gateway_key_missing }}"}]},
+}
+MESSAGES = {
+    "short_rotation_key": "a client's rotation_key in gateway_client_keys must be 16+ such characters too",
+    "key_of_two_clients": "gateway_client_keys gives one key twice (no key given to two clients",
+    "undefined_vault_key": "does not resolve (a vault_* variable is undefined",
+}
+
+
+@pytest.fixture(scope="module")
+def runs(playbook_cases, tmp_path_factory):
+    return playbook_cases(PLAYBOOK, {case: dict(BASE, **extra) for case, extra in CASES.items()},
+                          str(tmp_path_factory.mktemp("gateway-checks")))
+
+
+def test_both_keys_of_a_rotating_client_map_to_its_name(runs):
+    run = runs["rotating"]
+    assert run.failure() is None, run.failure()
+    lines = [line for line in run.results[-1]["msg"].splitlines() if not line.startswith("#")]
+    assert lines == [f"{IDE} ide", f"{IDE_NEXT} ide", f"{BATCH} batch"]
+
+
+@pytest.mark.parametrize("case", MESSAGES)
+def test_a_bad_or_shared_key_stops_before_anything_changes_naming_the_setting(runs, case):
+    message = runs[case].failure()
+    assert message and MESSAGES[case] in message
+    assert IDE not in message and IDE_NEXT not in message  # the message names settings, never keys
