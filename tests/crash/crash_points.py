@@ -131,6 +131,8 @@ def main():
     parser.add_argument("--power-cut-every", type=int, default=4, help="every Nth point is a power cut (0: none)")
     parser.add_argument("--rollback-every", type=int, default=3, help="rollback.yml after every Nth point (0: none)")
     parser.add_argument("--points", default="", help="only these task indexes (comma-separated), e.g. to repeat one")
+    parser.add_argument("--task", action="append", default=[],
+                        help="only the points after a task whose name holds this text (repeatable)")
     parser.add_argument("--out", default=os.path.join(ROOT, ".cache", "crash-points"))
     parser.add_argument("--ansible-playbook", default=os.path.join(os.path.dirname(sys.executable), "ansible-playbook"))
     args = parser.parse_args()
@@ -154,7 +156,8 @@ def main():
     tasks = path_tasks(discovery)
     acting = [t for t in tasks if t[2] not in CONTROLLER_ONLY and t[3] in ("ok", "changed")]
     wanted = {int(i) for i in args.points.split(",") if i}
-    points = [t for t in acting if not wanted or t[0] in wanted]
+    points = [t for t in acting if (not wanted or t[0] in wanted)
+              and (not args.task or any(text in t[1] for text in args.task))]
     print(f"{len(tasks)} tasks on the path, {len(acting)} acted on the host or the gateway; {len(points)} points to run")
 
     rows = []

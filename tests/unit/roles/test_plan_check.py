@@ -183,3 +183,22 @@ def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(run_play
     assert kv_plan["fits"] and kv_plan["max_model_len"] == plan["onprem_vllm_max_model_len"]
     assert kv_plan["gpu_memory_utilization"] == plan["onprem_vllm_gpu_memory_utilization"]
     assert int(kv_plan["kv_cache_tokens"]) > plan["onprem_vllm_max_model_len"]
+
+
+@pytest.mark.parametrize("accepted, extra, refused", [
+    ("old-key-0123456789abcdef\n", {}, True),  # the gateway would send a key the server refuses
+    ("new-key-0123456789abcdef\nold-key-0123456789abcdef\n", {}, False),  # step 1 of a rotation done
+    ("old-key-0123456789abcdef\n", {"onprem_vllm_api_key_switch_at_once": True}, False),
+    (None, {}, False),  # no server yet
+])
+def test_a_key_the_running_server_does_not_accept_is_refused(run_plan, tmp_path, accepted, extra, refused):
+    key_file = tmp_path / "vllm.api-key"
+    if accepted is not None:
+        key_file.write_text(accepted)
+    msg, dummy = run_plan(onprem_vllm_api_key="new-key-0123456789abcdef", plan_check_server_key_file=str(key_file),
+                          **extra)
+    if refused:
+        assert "onprem_vllm_api_key is not a key its running server accepts" in msg
+        assert "set onprem_vllm_api_key_rotation to the new one" in msg and "0123456789abcdef" not in msg
+    else:
+        assert msg is None
