@@ -1,8 +1,10 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A steady stream of chat completions through the fleet gateway, counted: the client's view of a rollout.
+"""A steady stream of chat completions (or embeddings) through the fleet gateway, counted: the client's view of a
+rollout.
 
   python3 benchmarks/prober.py --url https://172.30.97.5:4000 --cafile GATEWAY_CERT --key-file KEYFILE \
-      --model qwen3-30b-a3b --max-requests 5000 --max-seconds 900 --out prober.json [--stop-file FILE]
+      --model qwen3-30b-a3b --max-requests 5000 --max-seconds 900 --out prober.json [--stop-file FILE] \
+      [--endpoint embeddings]
 
 Standard library only. Bounded: it stops at --max-requests, after --max-seconds, or when --stop-file appears,
 whichever comes first. It only talks to loopback or private (lab) addresses. The API key comes from a file (or the
@@ -81,16 +83,21 @@ class Prober:
             return True
 
     def one_request(self) -> tuple[int, str, str]:
-        body = json.dumps({"model": self.args.model, "max_tokens": self.args.max_tokens,
-                           "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-        req = urllib.request.Request(f"{self.args.url.rstrip('/')}/v1/chat/completions", data=body, method="POST",
+        if self.args.endpoint == "embeddings":
+            path, answer = "/v1/embeddings", "data"
+            body = json.dumps({"input": "Say hello.", "model": self.args.model}).encode()
+        else:
+            path, answer = "/v1/chat/completions", "choices"
+            body = json.dumps({"model": self.args.model, "max_tokens": self.args.max_tokens,
+                               "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+        req = urllib.request.Request(f"{self.args.url.rstrip('/')}{path}", data=body, method="POST",
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {self.key}"})
         try:
             with urllib.request.urlopen(req, timeout=self.args.request_timeout, context=self.context) as resp:
                 payload = json.loads(resp.read().decode())
-                if not payload.get("choices"):
-                    return resp.status, resp.headers.get("X-Onprem-Backend", ""), "no choices in the answer"
+                if not payload.get(answer):
+                    return resp.status, resp.headers.get("X-Onprem-Backend", ""), f"no {answer} in the answer"
                 return resp.status, resp.headers.get("X-Onprem-Backend", ""), ""
         except urllib.error.HTTPError as exc:
             return exc.code, exc.headers.get("X-Onprem-Backend", "") if exc.headers else "", \
@@ -155,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key-file", type=Path, help="file holding the client API key (else $PROBER_API_KEY)")
     parser.add_argument("--cafile", help="PEM certificate(s) an https gateway's certificate is verified against")
     parser.add_argument("--model", required=True)
+    parser.add_argument("--endpoint", choices=["chat", "embeddings"], default="chat",
+                        help="chat completions, or embeddings (a pooling deployment)")
     parser.add_argument("--max-requests", type=int, default=5000)
     parser.add_argument("--max-seconds", type=float, default=900)
     parser.add_argument("--concurrency", type=int, default=2)

@@ -19,6 +19,8 @@ from ansible_collections.onprem.vllm.plugins.module_utils.vllm_secret_args impor
 # was deprecated then and removed by 0.20 ("unrecognized arguments"). Before 0.10 we must pass it to keep
 # prompts out of the logs.
 REQUEST_LOGGING_OFF_BY_DEFAULT = (0, 10, 0)
+# --runner pooling (embedding and rerank models) replaced --task embed in vLLM 0.10.1.
+RUNNER_FLAG_FROM = (0, 10, 1)
 # BooleanOptionalAction (`--no-enable-prefix-caching`) arrived with the V1 engine's defaults (prefix caching and
 # chunked prefill on by default).
 BOOLEAN_OPTIONAL_FLAGS = (0, 8, 0)
@@ -76,7 +78,8 @@ def kv_cache_memory_args(setting, planned, cpu_mode: bool, version: tuple[int, i
 def render_serve_args(settings: dict, version: str) -> list[str]:
     """Turn the vllm_server role's settings into the container's argument list.
 
-    settings keys (None or missing = leave vLLM's default): model (required), revision, served_model_name, port,
+    settings keys (None or missing = leave vLLM's default): model (required), revision, served_model_name (with
+    served_model_aliases, more names it answers to), runner (generate: vLLM's default; pooling), port,
     tensor_parallel_size, pipeline_parallel_size, max_model_len, gpu_memory_utilization, max_num_batched_tokens,
     max_num_seqs, kv_cache_dtype, enable_chunked_prefill, enable_prefix_caching, enable_expert_parallel,
     disable_custom_all_reduce, enforce_eager, kv_cache_memory ('' / 'auto' / bytes) with kv_cache_memory_planned
@@ -89,8 +92,6 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
     # --model works with both the `vllm serve` entrypoint (0.8+) and the older api_server entrypoint.
     args = ["--model", str(model)]
     valued = [
-        ("revision", "--revision"),
-        ("served_model_name", "--served-model-name"),
         ("port", "--port"),
         ("tensor_parallel_size", "--tensor-parallel-size"),
         ("pipeline_parallel_size", "--pipeline-parallel-size"),
@@ -99,6 +100,17 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
         ("max_num_batched_tokens", "--max-num-batched-tokens"),
         ("max_num_seqs", "--max-num-seqs"),
     ]
+    if settings.get("revision"):
+        args += ["--revision", str(settings["revision"])]
+    served = [str(name) for name in [settings.get("served_model_name")] + list(settings.get("served_model_aliases") or [])
+              if name]
+    if served:
+        args += ["--served-model-name"] + [name for index, name in enumerate(served) if name not in served[:index]]
+    runner = settings.get("runner") or "generate"
+    if runner == "pooling":
+        args += ["--runner", "pooling"] if parsed >= RUNNER_FLAG_FROM else ["--task", "embed"]
+    elif runner != "generate":
+        raise VllmArgsError(f"runner must be generate or pooling, got {runner!r}")
     for key, flag in valued:
         value = settings.get(key)
         if value is not None and value != "":

@@ -1,5 +1,6 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The vLLM health gate, step by step: container healthy → /health → /v1/models → one-token completion → /metrics.
+"""The vLLM health gate, step by step: container healthy → /health → /v1/models → one-token completion (one embedding
+on a pooling server) → /metrics.
 
 `/health` can pass before the model is servable, so the gate only trusts a real completion. Pure logic: HTTP and the
 container probe are injected, so the same code runs in the module, in tests and from a benchmark.
@@ -7,6 +8,7 @@ container probe are injected, so the same code runs in the module, in tests and 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,6 +31,8 @@ class GateConfig:
     poll_interval: float = 2.0
     required_metrics: tuple = (REQUIRED_METRIC,)
     prompt: str = "Say OK."
+    # generate: a one-token chat completion; pooling (embedding/rerank servers): one embedding.
+    runner: str = "generate"
 
 
 @dataclass
@@ -96,11 +100,15 @@ def check_models(resp: Response, served_model_name: str) -> None:
         raise StepBroken(f"served model {served_model_name!r} is not among {ids}: check vllm_server_served_model_name")
 
 
-def check_completion(resp: Response) -> dict:
+def _answered(resp: Response, what: str) -> None:
     if resp.status in (401, 403):
-        raise StepBroken(f"the completion was refused with HTTP {resp.status}: the API key does not match the server's")
+        raise StepBroken(f"the {what} was refused with HTTP {resp.status}: the API key does not match the server's")
     if resp.status != 200:
-        raise StepNotReady(f"the completion answered HTTP {resp.status}")
+        raise StepNotReady(f"the {what} answered HTTP {resp.status}")
+
+
+def check_completion(resp: Response) -> dict:
+    _answered(resp, "completion")
     try:
         body = json.loads(resp.body)
         usage = body["usage"]
@@ -110,6 +118,22 @@ def check_completion(resp: Response) -> dict:
     if usage.get("completion_tokens", 0) < 1:
         raise StepNotReady("the completion produced no token")
     return {"text": text, "usage": usage}
+
+
+def check_embedding(resp: Response) -> dict:
+    """A pooling server's proof of serving: one embedding of finite numbers."""
+    _answered(resp, "embedding")
+    try:
+        body = json.loads(resp.body)
+        vector = body["data"][0]["embedding"]
+        usage = body.get("usage") or {}
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise StepNotReady(f"the answer is not an embedding ({exc})") from exc
+    if not isinstance(vector, list) or not vector:
+        raise StepNotReady("the embedding is empty")
+    if any(not isinstance(x, (int, float)) or not math.isfinite(x) for x in vector):
+        raise StepBroken("the embedding holds NaN or infinite values: the server runs but computes garbage")
+    return {"dimensions": len(vector), "usage": usage}
 
 
 def check_metrics(resp: Response, required: tuple) -> None:
@@ -127,8 +151,14 @@ def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Respons
     """http(method, path, json_body) → Response (raises OSError when nothing answers)."""
     result = GateResult(passed=False)
     deadline = clock() + config.timeout
-    completion_request = {"model": config.served_model_name, "max_tokens": 1, "temperature": 0,
-                          "messages": [{"role": "user", "content": config.prompt}]}
+    pooling = config.runner == "pooling"
+    if pooling:
+        completion_path = "/v1/embeddings"
+        completion_request = {"model": config.served_model_name, "input": config.prompt}
+    else:
+        completion_path = "/v1/chat/completions"
+        completion_request = {"model": config.served_model_name, "max_tokens": 1, "temperature": 0,
+                              "messages": [{"role": "user", "content": config.prompt}]}
     restarts_at_start: list = []  # the first RestartCount seen
 
     def container_checked() -> None:
@@ -147,7 +177,7 @@ def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Respons
         elif step == "models":
             resp = http("GET", "/v1/models", None)
         elif step == "completion":
-            resp = http("POST", "/v1/chat/completions", completion_request)
+            resp = http("POST", completion_path, completion_request)
         else:
             resp = http("GET", "/metrics", None)
         result.last_response = f"HTTP {resp.status} {_short(resp.body)}"
@@ -156,7 +186,7 @@ def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Respons
         elif step == "models":
             check_models(resp, config.served_model_name)
         elif step == "completion":
-            result.completion = check_completion(resp)
+            result.completion = check_embedding(resp) if pooling else check_completion(resp)
         else:
             check_metrics(resp, tuple(config.required_metrics))
 

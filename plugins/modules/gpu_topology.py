@@ -42,6 +42,13 @@ options:
       - Restrict the choice to these GPU UUIDs. A UUID that is not present is reported in C(plan.msg).
     type: list
     elements: str
+  exclude_gpu_uuids:
+    description:
+      - GPUs not to choose, those the host's earlier deployments took (several deployments on one host get disjoint
+        GPU sets).
+    type: list
+    elements: str
+    default: []
   p2p_risks:
     description:
       - Host findings that make PCIe P2P unsafe even when the driver reports OK (for example PCIe ACS redirect or a
@@ -182,6 +189,7 @@ ARGUMENT_SPEC = dict(
     nvidia_smi_path=dict(type="path"),
     tensor_parallel_size=dict(type="int"),
     gpu_uuids=dict(type="list", elements="str"),
+    exclude_gpu_uuids=dict(type="list", elements="str", default=[]),
     p2p_risks=dict(type="list", elements="str", default=[]),
     allowed_process_names=dict(type="list", elements="str", default=[]),
     allowed_pids=dict(type="list", elements="int", default=[]),
@@ -217,8 +225,9 @@ def run_module(module):
         nvswitch=facts.get("nvswitch") or {"present": False, "evidence": []},
     )
     if params["tensor_parallel_size"] is not None:
+        excluded = set(params["exclude_gpu_uuids"])
         result["plan"] = gpu_select.plan(
-            {"gpus": gpus, "links": result["links"]},
+            {"gpus": [gpu for gpu in gpus if gpu.get("uuid") not in excluded], "links": result["links"]},
             params["tensor_parallel_size"],
             gpu_uuids=params["gpu_uuids"],
             p2p_risks=params["p2p_risks"],

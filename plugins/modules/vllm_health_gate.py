@@ -22,6 +22,13 @@ options:
     description: The name C(/v1/models) must list and the completion uses.
     type: str
     required: true
+  runner:
+    description:
+      - What the server runs. C(generate) proves it with a one-token chat completion, C(pooling) (embedding and
+        rerank models) with one embedding of finite numbers from C(/v1/embeddings).
+    type: str
+    choices: [generate, pooling]
+    default: generate
   api_key:
     description: The server's API key; empty when the server has none.
     type: str
@@ -91,7 +98,8 @@ total_seconds:
   type: float
   returned: always
 completion:
-  description: The one-token completion (text and usage) that proved the server serves.
+  description: The one-token completion (text and usage), or on a pooling server the embedding's dimensions and usage,
+    that proved the server serves.
   type: dict
   returned: when passed
 last_response:
@@ -119,6 +127,7 @@ def main():
         argument_spec=dict(
             url=dict(type="str", default="http://127.0.0.1:8000"),
             served_model_name=dict(type="str", required=True),
+            runner=dict(type="str", default="generate", choices=["generate", "pooling"]),
             api_key=dict(type="str", default="", no_log=True),
             container_name=dict(type="str"),
             docker_path=dict(type="str", default="docker"),
@@ -160,6 +169,7 @@ def main():
             return dict(inspected["State"], RestartCount=inspected["RestartCount"])
 
     config = GateConfig(served_model_name=params["served_model_name"], api_key=params["api_key"],
+                        runner=params["runner"],
                         timeout=params["timeout"], poll_interval=params["poll_interval"],
                         required_metrics=tuple(params["required_metrics"]))
     started = time.monotonic()

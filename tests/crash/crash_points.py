@@ -52,7 +52,7 @@ print(json.dumps({"vllm": box("vllm"), "previous": box("vllm-previous"), "marker
 """
 GATEWAY_STATE = (
     "import socket, json; s=socket.socket(socket.AF_UNIX); s.connect('/run/onprem-gateway/admin.sock');"
-    "s.sendall(b'show stat\\n'); rows=[l.split(',') for l in s.makefile().read().splitlines() if l.startswith('vllm,')];"
+    "s.sendall(b'show stat\\n'); rows=[l.split(',') for l in s.makefile().read().splitlines() if l.startswith('vllm-chat,')];"
     "print(json.dumps({r[1]: r[17] for r in rows if r[1] not in ('BACKEND', 'FRONTEND')}))")
 
 

@@ -42,7 +42,11 @@ def _example_plan():
     import yaml
 
     with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "plan.yml")) as plan:
-        return dict(yaml.safe_load(plan), onprem_vllm_api_key="", onprem_vllm_advertise_host="127.0.0.1")
+        fleet = yaml.safe_load(plan)
+    # Its fleet-wide values as the one-model plan: a role is tested on one server; the example's deployments are
+    # tested by test_example_inventory.py, test_plan_check.py (its own inventory) and the fleet scenario.
+    fleet.pop("onprem_vllm_deployments")
+    return dict(fleet, onprem_vllm_api_key="", onprem_vllm_advertise_host="127.0.0.1")
 
 
 # The lab share's tiny checkpoint, as Hugging Face cache repo tarballs (lab/build_artifacts.py).

@@ -33,7 +33,7 @@ ALLOWED = {
     "vllm_server_env": "no GPU (vLLM's CPU threads)",
     "gpu_preflight_model_config_on_controller": "tiny model",
     "gpu_preflight_model_config_path": "tiny model",
-    "gpu_preflight_quantization": "tiny model",
+    "onprem_vllm_deployment_overrides": "tiny model (the router and embedding deployments' model and context only)",
     "hf_cache_model_size_bytes": "tiny model",
     "docker_engine_source": "archive delivery (no Docker repository)",
     "hf_cache_source": "archive delivery (no hub)",
@@ -146,3 +146,11 @@ def test_the_overlay_wins_over_the_examples_group_vars(tmp_path):
     gateway = hostvars["fleet-gw"]
     for key in ("gateway_tls_certificate", "gateway_tls_key", "gateway_metrics_bind_address", "gateway_port"):
         assert gateway[key] == example_gateways[key], key
+
+
+def test_the_overlay_changes_only_the_model_and_context_of_the_example_deployments():
+    example = {d["name"]: d for d in load(os.path.join(EXAMPLE, "all", "plan.yml"))["onprem_vllm_deployments"]}
+    overrides = load(OVERLAY)["onprem_vllm_deployment_overrides"]
+    assert set(overrides) <= set(example), "the overlay adjusts a deployment the example does not have"
+    for name, settings in overrides.items():
+        assert set(settings) <= {"model", "model_revision", "max_model_len"}, (name, sorted(settings))

@@ -23,7 +23,7 @@ def test_gateway_files_are_readable_by_haproxy_only(host):
 
 
 def test_gateway_serves_every_host_again(host):
-    rows = [line for line in _stat(host).splitlines() if line.startswith("vllm,fleet-ws")]
+    rows = [line for line in _stat(host).splitlines() if line.startswith("vllm-chat,fleet-ws")]
     assert len(rows) == 3
     assert all(",UP," in row for row in rows), rows
 

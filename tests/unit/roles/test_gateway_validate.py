@@ -1,5 +1,6 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The gateway's client keys: checked before anything changes, and a client's rotation key served under its name.
+"""The gateway's client keys and grants: checked before anything changes, and a client's rotation key served under its
+name.
 
 Runs the role's checks (tasks/validate.yml) and renders its clients map through ansible-playbook on this machine (local
 connection, nothing written): every case in one run, each case a host of its own.
@@ -21,6 +22,11 @@ PLAYBOOK = """
       ansible.builtin.include_role:
         name: gateway
         tasks_from: validate.yml
+        public: true
+
+    - name: Show the forwarded paths
+      ansible.builtin.debug:
+        msg: "{{ gateway_forwarded_paths }}"
 
     - name: Render the clients map
       ansible.builtin.debug:
@@ -28,7 +34,10 @@ PLAYBOOK = """
 """ % os.path.join(ROOT, "roles", "gateway", "templates", "clients.map.j2")
 IDE, IDE_NEXT, BATCH = "ide-key-0123456789abcdef", "ide-next-0123456789abcdef", "batch-key-0123456789abcdef"
 BASE = {"gateway_image_tag": "3.2-lab", "gateway_backend_api_key": "server-key-0123456789abcdef",
-        "gateway_backends": [{"name": "ws1", "address": "10.0.0.11", "port": 8000}]}
+        "gateway_backends": [{"name": "chat", "runner": "generate", "served_names": ["tiny-chat", "chat-alias"],
+                              "servers": [{"name": "ws1", "address": "10.0.0.11", "port": 8000}]},
+                             {"name": "embed", "runner": "pooling", "served_names": ["tiny-embed"],
+                              "servers": [{"name": "ws2", "address": "10.0.0.12", "port": 8001}]}]}
 CASES = {
     "rotating": {"gateway_client_keys": [{"name": "ide", "key": IDE, "rotation_key": IDE_NEXT},
                                          {"name": "batch", "key": BATCH}]},
@@ -36,11 +45,21 @@ CASES = {
     "key_of_two_clients": {"gateway_client_keys": [{"name": "ide", "key": IDE},
                                                    {"name": "batch", "key": BATCH, "rotation_key": IDE}]},
     "undefined_vault_key": {"gateway_client_keys": [{"name": "ide", "key": "{{ vault_gateway_key_missing }}"}]},
+    "granted_alias": {"gateway_client_keys": [{"name": "ide", "key": IDE, "models": ["chat-alias"]}]},
+    "model_not_served": {"gateway_client_keys": [{"name": "ide", "key": IDE, "models": ["tiny-chat", "tiny-rerank"]}]},
+    "unsafe_client_name": {"gateway_client_keys": [{"name": "ide team", "key": IDE}]},
+    "no_backend": {"gateway_client_keys": [{"name": "ide", "key": IDE}], "gateway_backends": []},
+    "chat_only": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
+                  "gateway_backends": BASE["gateway_backends"][:1]},
 }
 MESSAGES = {
     "short_rotation_key": "a client's rotation_key in gateway_client_keys must be 16+ such characters too",
     "key_of_two_clients": "gateway_client_keys gives one key twice (no key given to two clients",
     "undefined_vault_key": "does not resolve (a vault_* variable is undefined",
+    "model_not_served": "gateway_client_keys: client ide's models name tiny-rerank, which no deployment of the gateway "
+                        "serves (it serves tiny-chat, chat-alias, tiny-embed)",
+    "unsafe_client_name": "gateway_client_keys: client name(s) ide team must be letters, digits and ._-",
+    "no_backend": "gateway_backends is empty: no deployment has a host in the group vllm_servers",
 }
 
 
@@ -58,7 +77,19 @@ def test_both_keys_of_a_rotating_client_map_to_its_name(runs):
 
 
 @pytest.mark.parametrize("case", MESSAGES)
-def test_a_bad_or_shared_key_stops_before_anything_changes_naming_the_setting(runs, case):
+def test_a_bad_setting_stops_before_anything_changes_naming_it(runs, case):
     message = runs[case].failure()
     assert message and MESSAGES[case] in message
     assert IDE not in message and IDE_NEXT not in message  # the message names settings, never keys
+
+
+def test_a_client_may_be_granted_a_model_by_an_alias(runs):
+    assert runs["granted_alias"].failure() is None, runs["granted_alias"].failure()
+
+
+@pytest.mark.parametrize("case, paths", [
+    ("rotating", ["/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v2/embed",
+                  "/v1/rerank", "/rerank", "/v2/rerank", "/score", "/v1/score"]),
+    ("chat_only", ["/v1/models", "/v1/chat/completions", "/v1/completions"])])
+def test_the_pooling_paths_are_open_only_with_a_pooling_deployment(runs, case, paths):
+    assert runs[case].results[-2]["msg"] == paths

@@ -1,7 +1,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The plan's revision main, as inventories/example pins it, against the lab share's model tarball (it carries
 refs/main): hf_cache resolves it once to the commit and publishes it (hf_cache_result.commit); the playbooks' wiring
-(playbooks/tasks/model_commit.yml) hands that commit to vllm_server, whose offline-cache check passes on
+(playbooks/tasks/model_commit.yml, per deployment) hands that commit to vllm_server, whose offline-cache check passes on
 snapshots/<commit>; a later run that did not stage (rollout.yml alone) resolves the same commit read-only; and
 vllm_server given a branch name is refused with what to change."""
 from __future__ import annotations
@@ -16,6 +16,10 @@ PLAYBOOK = """
 - name: Revision flow under test
   hosts: localhost
   gather_facts: false
+  vars:
+    # The one-model plan's deployment, as playbooks/vars/deployment.yml names it; nothing restored.
+    _onprem_deployment: {{name: default}}
+    _onprem_restore: {{}}
   tasks:
     - name: Stage with hf_cache
       ansible.builtin.include_role:
@@ -28,12 +32,12 @@ PLAYBOOK = """
         name: vllm_server
         tasks_from: validate.yml
       vars:
-        vllm_server_model_revision: "{{{{ revision_override | default(_onprem_model_commit) }}}}"
+        vllm_server_model_revision: "{{{{ revision_override | default(_onprem_model_commits.default) }}}}"
     - name: Dump
       ansible.builtin.debug:
         msg:
           resolved: "{{{{ hf_cache_result.commit | default('') }}}}"
-          commit: "{{{{ _onprem_model_commit }}}}"
+          commit: "{{{{ _onprem_model_commits.default }}}}"
           args: "{{{{ _vllm_server_args }}}}"
 """
 

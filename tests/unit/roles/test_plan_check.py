@@ -28,6 +28,8 @@ PLAYBOOK = """
           plan_check_result: "{{ plan_check_result | combine({'kv_plan': gpu_preflight_result.kv_plan}) }}"
 """ % PLAN_PLAYBOOK
 INVENTORY = "[vllm_servers]\nlocalhost ansible_connection=local\n"
+# The example's ws-01: a workstation of vllm_servers that also serves the router and embedding deployments.
+EXAMPLE_INVENTORY = INVENTORY + "[vllm_rag]\nlocalhost\n"
 RTX4090 = ("0x10de", "0x2684", "0x030000")
 RTX3090 = ("0x10de", "0x2204", "0x030000")
 
@@ -150,9 +152,29 @@ def test_lab_cpu_mode_skips_the_gpu_steps(run_plan, gpu_host):
     assert msg is None and plan["cpu_mode"] and plan["kv_plan"]["fits"]
 
 
-def test_a_missing_plan_variable_is_named(run_plan):
-    msg, dummy = run_plan(onprem_vllm_served_model_name="<unset>", onprem_vllm_port="<unset>")
-    assert "missing required arguments: onprem_vllm_port, onprem_vllm_served_model_name" in msg
+def test_a_missing_served_name_is_named(run_plan):
+    msg, dummy = run_plan(onprem_vllm_served_model_name="<unset>")
+    assert "onprem_vllm_served_model_name must be a non-empty name without spaces" in msg
+
+
+def test_a_missing_port_is_named(run_plan):
+    msg, dummy = run_plan(onprem_vllm_port="<unset>")
+    assert "argument 'onprem_vllm_port' is of type NoneType" in msg
+
+
+EXAMPLE_DUMP = """
+- name: The plan check under test
+  ansible.builtin.import_playbook: %s
+
+- name: Dump each deployment's KV plan
+  hosts: vllm_servers
+  gather_facts: false
+  tasks:
+    - name: Dump
+      ansible.builtin.debug:
+        msg:
+          kv_plans: "{{ _onprem_kv_plans }}"
+""" % PLAN_PLAYBOOK
 
 
 def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(run_playbook, gpu_host, tmp_path):
@@ -165,24 +187,34 @@ def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(run_play
     inventory = tmp_path / "example"
     inventory.mkdir()
     (inventory / "group_vars").symlink_to(os.path.join(EXAMPLE, "group_vars"))
-    (inventory / "hosts.ini").write_text(INVENTORY)
+    (inventory / "hosts.ini").write_text(EXAMPLE_INVENTORY)
     # The example's gpu_preflight_model_config_path is {{ inventory_dir }}/../example-model-configs/...: kept beside.
     (tmp_path / "example-model-configs").symlink_to(os.path.join(ROOT, "inventories", "example-model-configs"))
     host_root = gpu_host(gpus=(RTX4090, RTX4090))
-    result = run_playbook(PLAYBOOK, {
+    result = run_playbook(EXAMPLE_DUMP, {
         "plan_check_sysfs_root": os.path.join(host_root, "sys"),  # the simulated host's PCI bus: this one has no GPUs
         "nvidia_driver_host_root": host_root,  # its /proc and /sys: no driver loaded, no nouveau, no Secure Boot
     }, inventory=inventory, plan=False)
-    assert result.failure() is None and result.rc == 0
-    checked = [r["msg"]["plan_check_result"] for r in result.results if "plan_check_result" in r.get("msg", {})][-1]
+    assert result.failure() is None and result.rc == 0, result.failure()
+    checked = [r for r in result.results if "plan_check_result" in r.get("ansible_facts", {})][-1]
+    checked = checked["ansible_facts"]["plan_check_result"]
     assert checked["models"] == ["NVIDIA GeForce RTX 4090"] and len(checked["gpus"]) == 2
-    needed = plan["onprem_vllm_tensor_parallel_size"] * plan["onprem_vllm_pipeline_parallel_size"]
-    assert int(checked["needed"]) == needed == 2
     assert checked["driver_action"] == "install"  # a bare host: no driver yet
-    kv_plan = checked["kv_plan"]
-    assert kv_plan["fits"] and kv_plan["max_model_len"] == plan["onprem_vllm_max_model_len"]
-    assert kv_plan["gpu_memory_utilization"] == plan["onprem_vllm_gpu_memory_utilization"]
-    assert int(kv_plan["kv_cache_tokens"]) > plan["onprem_vllm_max_model_len"]
+    kv_plans = [r["msg"]["kv_plans"] for r in result.results if "kv_plans" in r.get("msg", {})][-1]
+    deployments = {d["name"]: d for d in plan["onprem_vllm_deployments"]}
+    # ws-01 of the example: the chat model on both GPUs, the router and the embedding model each sharing one.
+    assert sorted(kv_plans) == sorted(deployments) == ["chat", "embed", "router"]
+    for name, kv_plan in kv_plans.items():
+        wanted = deployments[name]
+        assert kv_plan["fits"], (name, kv_plan)
+        assert kv_plan["gpu_memory_utilization"] == wanted.get("gpu_memory_utilization")
+        max_model_len = wanted.get("max_model_len", plan["onprem_vllm_max_model_len"])
+        assert kv_plan["max_model_len"] == max_model_len
+        assert int(kv_plan["kv_cache_tokens"]) > max_model_len, (name, kv_plan)
+    # The chat deployment's own fraction, not the fleet-wide default it overrides.
+    assert deployments["chat"]["gpu_memory_utilization"] != plan["onprem_vllm_gpu_memory_utilization"]
+    placed = [r["msg"] for r in result.results if str(r.get("msg", "")).startswith("localhost serves")]
+    assert placed == ["localhost serves chat, router, embed (ports 8000, 8001, 8002)"]
 
 
 @pytest.mark.parametrize("accepted, extra, refused", [

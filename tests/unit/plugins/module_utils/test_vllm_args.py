@@ -126,3 +126,19 @@ def test_kv_pool_on_a_vllm_without_the_flag(version, cpu_mode):
 def test_kv_pool_bad_values(value):
     with pytest.raises(VllmArgsError, match="vllm_server_kv_cache_memory"):
         render_serve_args(dict(SEED, kv_cache_memory=value), "v0.32.0")
+
+
+def test_aliases_follow_the_served_name_once_each():
+    args = render_serve_args(dict(SEED, served_model_aliases=["chat", "qwen3-30b-a3b", "chat"]), "v0.32.0")
+    start = args.index("--served-model-name")
+    assert args[start:start + 3] == ["--served-model-name", "qwen3-30b-a3b", "chat"]
+    assert args[start + 3].startswith("--")
+
+
+def test_the_pooling_runner_by_version():
+    assert flag_value(render_serve_args(dict(SEED, runner="pooling"), "v0.32.0"), "--runner") == "pooling"
+    assert flag_value(render_serve_args(dict(SEED, runner="pooling"), "v0.10.0"), "--task") == "embed"
+    generate = render_serve_args(dict(SEED, runner="generate"), "v0.32.0")
+    assert "--runner" not in generate and "--task" not in generate
+    with pytest.raises(VllmArgsError, match="runner must be generate or pooling"):
+        render_serve_args(dict(SEED, runner="classify"), "v0.32.0")

@@ -137,3 +137,24 @@ def test_a_crash_looping_container_is_reported_as_such(gate):
     result = gate(server(), state=lambda: looping)
     assert result.failed_step == "container"
     assert "restart loop (last exit code 1)" in result.message
+
+
+def embedding(vector):
+    return Response(200, json.dumps({"object": "list", "data": [{"index": 0, "embedding": vector}],
+                                     "usage": {"prompt_tokens": 3, "total_tokens": 3}}))
+
+
+def test_a_pooling_server_is_proved_by_one_embedding(gate):
+    srv = server(**{"/v1/embeddings": [embedding([0.1, -0.2, 0.3])]})
+    result = gate(srv, runner="pooling")
+    assert result.passed, result.message
+    assert [path for _m, path, _b in srv.calls] == ["/health", "/v1/models", "/v1/embeddings", "/metrics"]
+    assert srv.calls[2][2] == {"model": "qwen3-lab", "input": "Say OK."}
+    assert result.completion["dimensions"] == 3
+
+
+def test_an_embedding_of_nan_fails_the_pooling_gate_at_once(gate):
+    srv = server(**{"/v1/embeddings": [Response(200, '{"data": [{"embedding": [0.1, NaN]}]}')]})
+    result = gate(srv, runner="pooling")
+    assert not result.passed and result.failed_step == "completion"
+    assert "NaN or infinite" in result.message

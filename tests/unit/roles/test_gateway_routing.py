@@ -1,0 +1,459 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gateway routes each request by its model to its deployment's backend, with the real parts: the role's files
+rendered by ansible-playbook (the plan of two deployments through onprem.vllm.plan_deployments and the role's
+defaults), the lab's HAProxy image running them, and the real OpenAI client (inside the serving image) calling it.
+
+Two deployments: chat (generate, served as tiny-chat and chat-alias) and embed (pooling, tiny-embed), each one stand-in
+server (a few lines of Python in the serving image, saying which backend answered and what it received); two clients,
+one limited to tiny-chat. The buffer is made small (128 KiB) to keep the too-large body cheap, still above the 64 KiB
+chat that must route with messages before model (the order older openai-python releases write; the image's 3.60.0
+writes model first, so that body goes through the client's own post()). Then the role's drain and undrain
+(tasks/drain.yml, undrain.yml) act on each deployment's backend through the gateway's admin socket, with the
+undrain's canary through the gateway.
+
+The images are the lab's (make lab-artifacts builds both): on a fresh machine `make test` runs this with the tests
+that need the lab share, after the lab's artifacts are built.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.needs_docker, pytest.mark.needs_lab_share]
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+with open(os.path.join(ROOT, "roles", "gateway", "defaults", "main.yml")) as _defaults:
+    GATEWAY_IMAGE = "haproxy:" + yaml.safe_load(_defaults)["gateway_image_tag"]
+with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "plan.yml")) as _plan:
+    _PLAN = yaml.safe_load(_plan)
+    SERVING_IMAGE = "%s:%s" % (_PLAN["onprem_vllm_image"], _PLAN["onprem_vllm_image_tag"])
+
+BUFFER = 131072
+SERVER_KEY = "server-key-0123456789abcdef"
+FULL_KEY, LIMITED_KEY = "full-key-0123456789abcdef", "limited-key-0123456789abcdef"
+# Quotes, a backslash and a non-ASCII letter: echoed JSON-escaped in the 404.
+UNKNOWN = 'no-such-model "quoted" \\ \u00e9'
+DEPLOYMENTS = [
+    {"name": "chat", "served_model_name": "tiny-chat", "served_model_aliases": ["chat-alias"], "hosts": "vllm_chat",
+     "port": 8000},
+    {"name": "embed", "served_model_name": "tiny-embed", "runner": "pooling", "hosts": "vllm_embed", "port": 8001},
+]
+
+RENDER = """
+- name: Render the gateway's files
+  hosts: gw
+  gather_facts: false
+  tasks:
+    - name: Check the settings (and load the role's defaults and vars)
+      ansible.builtin.import_role:
+        name: gateway
+        tasks_from: validate.yml
+
+    - name: Render the configuration and maps
+      ansible.builtin.template:
+        src: "{{ templates }}/{{ item }}.j2"
+        dest: "{{ out }}/{{ item }}"
+        mode: "0644"
+      loop: [haproxy.cfg, clients.map, models.map, grants.lst]
+
+    - name: Render each client's model list
+      ansible.builtin.template:
+        src: "{{ templates }}/client-models.json.j2"
+        dest: "{{ out }}/models-{{ _gateway_client.name }}.json"
+        mode: "0644"
+      loop: "{{ gateway_client_keys }}"
+      loop_control:
+        loop_var: _gateway_client
+"""
+DRAIN_UNDRAIN = """
+- name: Drain and undrain every deployment's host
+  hosts: chat1,embed1
+  gather_facts: false
+  tasks:
+    - name: Drain
+      ansible.builtin.include_role:
+        name: gateway
+        tasks_from: drain.yml
+
+    - name: Ask for the chat model while its only host is drained
+      ansible.builtin.uri:
+        url: "http://127.0.0.1:{{ hostvars.gw.gateway_port }}/v1/chat/completions"
+        method: POST
+        body_format: json
+        body: {model: tiny-chat, messages: [{role: user, content: hi}]}
+        headers: {Authorization: "Bearer {{ hostvars.gw.gateway_client_keys[0].key }}"}
+        status_code: [200, 503]
+      register: while_drained
+      run_once: true
+
+    - name: Undrain
+      ansible.builtin.include_role:
+        name: gateway
+        tasks_from: undrain.yml
+"""
+
+# A vLLM stand-in: /health, and its runner's routes the tests use (a pooling server has no completions, as vLLM's), each
+# answer saying which backend answered, whether the gateway's key replaced the client's, the body's length and where
+# "model" is in it.
+STAND_IN = r'''
+import http.server, json, sys
+
+NAME, RUNNER, PORT, KEY = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions"), "pooling": ("/v1/embeddings",)}[RUNNER]
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def send(self, status, payload, content_type="application/json"):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self):
+        self.send(200 if self.path == "/health" else 404, b"{}")
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.loads(raw)
+        seen = {"backend": NAME, "body_length": len(raw), "model_offset": raw.find(b'"model"'),
+                "auth_ok": self.headers.get("Authorization") == "Bearer " + KEY}
+        model = body.get("model")
+        if self.path not in ROUTES:
+            self.send(404, json.dumps({"error": "no such route", "backend": NAME}).encode())
+            return
+        if self.path == "/v1/embeddings":
+            answer = {"object": "list", "model": model, "stand_in": seen,
+                      "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.25]}],
+                      "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        elif self.path == "/v1/completions":
+            answer = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": model, "stand_in": seen,
+                      "choices": [{"index": 0, "text": "pong", "finish_reason": "length"}]}
+        elif self.path == "/v1/chat/completions" and body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for delta, finish in (({"role": "assistant", "content": ""}, None), ({"content": "po"}, None),
+                                  ({"content": "ng"}, "stop")):
+                chunk = {"id": "chat-1", "object": "chat.completion.chunk", "created": 0, "model": model,
+                         "stand_in": seen, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                self.chunk(("data: %s\n\n" % json.dumps(chunk)).encode())
+            self.chunk(b"data: [DONE]\n\n")
+            self.chunk(b"")
+            return
+        else:
+            answer = {"id": "chat-1", "object": "chat.completion", "created": 0, "model": model, "stand_in": seen,
+                      "choices": [{"index": 0, "finish_reason": "stop",
+                                   "message": {"role": "assistant", "content": "pong"}}]}
+        self.send(200, json.dumps(answer).encode())
+
+    def chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
+'''
+
+# The checks, with the real OpenAI client: one JSON object of outcomes on stdout.
+CLIENT = r'''
+import json, os, time
+import httpx, openai
+from openai.types.chat import ChatCompletion
+
+URL = os.environ["GW_URL"]
+full = openai.OpenAI(base_url=URL + "/v1", api_key=os.environ["FULL_KEY"], max_retries=0, timeout=30)
+limited = openai.OpenAI(base_url=URL + "/v1", api_key=os.environ["LIMITED_KEY"], max_retries=0, timeout=30)
+LONG = "lorem ipsum dolor sit amet " * 3200  # ~86 KB: over 64 KB, within the 128 KiB buffer
+TOO_LONG = "lorem ipsum dolor sit amet " * 6400  # ~173 KB: beyond it
+
+
+def outcome(call):
+    try:
+        return {"ok": True, "value": call()}
+    except openai.APIStatusError as exc:
+        return {"ok": False, "error": type(exc).__name__, "status": exc.status_code, "body": exc.body}
+    except Exception as exc:
+        return {"ok": False, "error": type(exc).__name__, "detail": str(exc)}
+
+
+def chat(client, model, content="ping"):
+    answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}])
+    return {"content": answer.choices[0].message.content, **answer.stand_in}
+
+
+def chat_messages_first(content, model="tiny-chat"):
+    # The body in the key order older openai-python releases write (messages, then model); this image's client
+    # writes model first, so its own calls cannot show it.
+    answer = full.post("/chat/completions", cast_to=ChatCompletion,
+                       body={"messages": [{"role": "user", "content": content}], "model": model})
+    return {"content": answer.choices[0].message.content, **answer.stand_in}
+
+
+def chat_stream(model):
+    stream = full.chat.completions.create(model=model, messages=[{"role": "user", "content": "ping"}], stream=True)
+    chunks = list(stream)
+    return {"content": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+            "chunks": len(chunks), **chunks[0].stand_in}
+
+
+def embed(client, model):
+    answer = client.embeddings.create(model=model, input=["ping"], encoding_format="float")
+    return {"dims": len(answer.data[0].embedding), **answer.stand_in}
+
+
+def raw(path, body, key=os.environ["FULL_KEY"], headers=()):
+    answer = httpx.post(URL + path, content=json.dumps(body), timeout=30,
+                        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json", **dict(headers)})
+    return {"status": answer.status_code, "body": answer.text[:2000], "headers": dict(answer.headers)}
+
+
+deadline = time.monotonic() + 30  # the gateway and both stand-ins up
+while not outcome(lambda: [chat(full, "tiny-chat"), embed(full, "tiny-embed")])["ok"] and time.monotonic() < deadline:
+    time.sleep(0.2)
+
+CHAT = {"model": "tiny-chat", "messages": [{"role": "user", "content": "x"}]}
+results = {
+    "chat": outcome(lambda: chat(full, "tiny-chat")),
+    "chat_stream": outcome(lambda: chat_stream("tiny-chat")),
+    "alias": outcome(lambda: chat(full, "chat-alias")),
+    "alias_stream": outcome(lambda: chat_stream("chat-alias")),
+    "embed": outcome(lambda: embed(full, "tiny-embed")),
+    "limited_chat": outcome(lambda: chat(limited, "tiny-chat")),
+    "limited_alias": outcome(lambda: chat(limited, "chat-alias")),
+    "long_messages_first": outcome(lambda: chat_messages_first(LONG)),
+    "too_long_messages_first": outcome(lambda: chat_messages_first(TOO_LONG)),
+    "too_long_own_order": outcome(lambda: chat(full, "tiny-chat", TOO_LONG)),
+    "unknown": outcome(lambda: chat(full, os.environ["UNKNOWN_MODEL"])),
+    "limited_embed": outcome(lambda: embed(limited, "tiny-embed")),
+    "models_full": outcome(lambda: [m.to_dict() for m in full.models.list()]),
+    "models_limited": outcome(lambda: [m.to_dict() for m in limited.models.list()]),
+    "no_model": raw("/v1/chat/completions", {"messages": CHAT["messages"]}),
+    "no_key": raw("/v1/chat/completions", CHAT, key="not-a-client-key-000"),
+    "canary": raw("/v1/chat/completions", CHAT, headers={"X-Onprem-Canary": os.environ["CANARY_TOKEN"]}.items()),
+    "plain": raw("/v1/chat/completions", CHAT),
+}
+for path in ("/tokenize", "/pooling", "/classify", "/v1/models/tiny-embed", "/v1/rerank", "/score"):
+    results["path " + path] = raw(path, {"model": "tiny-embed", "prompt": "x"})
+print(json.dumps(results))
+'''
+
+
+def _docker(*args, check=True, timeout=120):
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def _ansible_playbook(inventory, book, timeout=180):
+    """Runs a playbook with the json callback: (exit status, {task name: result of each host})."""
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+               ANSIBLE_DEPRECATION_WARNINGS="0")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(inventory),
+                           str(book)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    tasks = {}
+    for play in data["plays"]:
+        for task in play["tasks"]:
+            tasks.setdefault(task["task"]["name"], {}).update(task["hosts"])
+    return proc.returncode, tasks
+
+
+def _failures(tasks):
+    return {name: {host: result.get("msg") for host, result in hosts.items()
+                   if result.get("failed") and not result.get("ignored")}
+            for name, hosts in tasks.items()
+            if any(r.get("failed") and not r.get("ignored") for r in hosts.values())}
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def canary_token(backend, server):
+    """The undrain's canary token for a server of a backend (what haproxy.cfg.j2 derives)."""
+    return hashlib.sha256(("%s:canary:%s/%s" % (SERVER_KEY, backend, server)).encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    """The rendered files, the running gateway and stand-ins on their own Docker network, and the client's outcomes."""
+    missing = [image for image in (GATEWAY_IMAGE, SERVING_IMAGE)
+               if _docker("image", "inspect", image, check=False).returncode]
+    if missing:
+        pytest.fail("the lab's images %s are missing: run make lab-artifacts" % ", ".join(missing))
+    tmp = tmp_path_factory.mktemp("gateway-routing")
+    prefix = "onprem-gwtest-" + uuid.uuid4().hex[:8]
+    config, runtime, state = tmp / "config", tmp / "runtime", tmp / "state"
+    for folder in (config, runtime, state):
+        folder.mkdir()
+    runtime.chmod(0o777)  # HAProxy (uid 99 in the image) makes its admin socket there
+    port = _free_port()
+    common = {"ansible_connection": "local", "ansible_python_interpreter": os.path.abspath(sys.executable)}
+    inventory = {"all": {
+        "vars": {"onprem_vllm_deployments": DEPLOYMENTS, "onprem_vllm_served_model_name": "unused",
+                 "onprem_vllm_api_key": SERVER_KEY, **common},
+        "children": {
+            "vllm_servers": {"children": {
+                "vllm_chat": {"hosts": {"chat1": {"onprem_vllm_advertise_host": prefix + "-chat"}}},
+                "vllm_embed": {"hosts": {"embed1": {"onprem_vllm_advertise_host": prefix + "-embed"}}}}},
+            "vllm_gateways": {"hosts": {"gw": {
+                "out": str(config), "templates": os.path.join(ROOT, "roles", "gateway", "templates"),
+                "gateway_image_tag": GATEWAY_IMAGE.split(":", 1)[1],
+                "gateway_request_buffer_size": BUFFER, "gateway_port": port,
+                "gateway_runtime_dir": str(runtime), "gateway_state_dir": str(state),
+                "gateway_health_check_interval": "500ms", "gateway_health_check_fast_interval": "200ms",
+                "gateway_drain_timeout": 30, "gateway_undrain_timeout": 30, "gateway_canary_timeout": 15,
+                "gateway_client_keys": [{"name": "full", "key": FULL_KEY},
+                                        {"name": "limited", "key": LIMITED_KEY, "models": ["tiny-chat"]}]}}}}}}
+    (tmp / "hosts.yml").write_text(json.dumps(inventory))
+    (tmp / "render.yml").write_text(RENDER)
+    (tmp / "stand_in.py").write_text(STAND_IN)
+    (tmp / "client.py").write_text(CLIENT)
+    rc, tasks = _ansible_playbook(tmp / "hosts.yml", tmp / "render.yml")
+    assert rc == 0, _failures(tasks)
+    config.chmod(0o755)
+
+    network = prefix + "-net"
+    containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client")]
+    try:
+        _docker("network", "create", network)
+        for name, deployment in zip(("chat", "embed"), DEPLOYMENTS):
+            _docker("run", "-d", "--name", "%s-%s" % (prefix, name), "--network", network,
+                    "-v", "%s:/test:ro" % tmp, "--entrypoint", "python3", SERVING_IMAGE,
+                    "/test/stand_in.py", name, deployment.get("runner", "generate"), str(deployment["port"]),
+                    SERVER_KEY)
+        _docker("run", "-d", "--name", prefix + "-gw", "--network", network,
+                "-p", "127.0.0.1:%d:4000" % port,
+                "-v", "%s:/usr/local/etc/haproxy:ro" % config, "-v", "%s:/run/haproxy-admin" % runtime,
+                "-v", "%s:/var/lib/haproxy-state:ro" % state, GATEWAY_IMAGE)
+        client = _docker("run", "--rm", "--name", prefix + "-client", "--network", network,
+                         "-v", "%s:/test:ro" % tmp, "-e", "GW_URL=http://%s-gw:4000" % prefix,
+                         "-e", "FULL_KEY=" + FULL_KEY, "-e", "LIMITED_KEY=" + LIMITED_KEY,
+                         "-e", "CANARY_TOKEN=" + canary_token("vllm-chat", "chat1"), "-e", "UNKNOWN_MODEL=" + UNKNOWN,
+                         "--entrypoint", "python3", SERVING_IMAGE, "/test/client.py", check=False)
+        logs = _docker("logs", prefix + "-gw", check=False)
+        assert client.returncode == 0, (client.stderr[-3000:], logs.stdout[-3000:], logs.stderr[-3000:])
+        outcomes = json.loads(client.stdout)
+        (tmp / "drain.yml").write_text(DRAIN_UNDRAIN)
+        drain_rc, drain_tasks = _ansible_playbook(tmp / "hosts.yml", tmp / "drain.yml")
+        request = urllib.request.Request(
+            "http://127.0.0.1:%d/v1/chat/completions" % port, method="POST",
+            data=json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": "x"}]}).encode(),
+            headers={"Authorization": "Bearer " + FULL_KEY, "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            after_undrain = json.load(answer)["stand_in"]
+        yield {"config": config, "outcomes": outcomes, "drain_rc": drain_rc, "drain_tasks": drain_tasks,
+               "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain}
+    finally:
+        for container in containers:
+            _docker("rm", "-f", container, check=False)
+        _docker("network", "rm", network, check=False)
+
+
+@pytest.mark.parametrize("case, backend", [
+    ("chat", "chat"), ("chat_stream", "chat"), ("alias", "chat"), ("alias_stream", "chat"), ("embed", "embed"),
+    ("limited_chat", "chat"), ("limited_alias", "chat")])
+def test_the_openai_client_reaches_the_backend_of_the_model_it_names(gateway, case, backend):
+    result = gateway["outcomes"][case]
+    assert result["ok"], result
+    assert result["value"]["backend"] == backend
+    assert result["value"]["auth_ok"]  # the gateway's key replaced the client's
+    if case != "embed":
+        assert result["value"]["content"] == "pong"
+    if case.endswith("_stream"):
+        assert result["value"]["chunks"] == 3
+
+
+def test_a_long_chat_with_messages_before_model_routes_within_the_buffer(gateway):
+    result = gateway["outcomes"]["long_messages_first"]
+    assert result["ok"], result
+    assert result["value"]["backend"] == "chat"
+    assert 65536 < result["value"]["model_offset"] < result["value"]["body_length"] < BUFFER
+
+
+def test_a_body_with_model_first_routes_at_any_size(gateway):
+    result = gateway["outcomes"]["too_long_own_order"]  # the image's client writes model first
+    assert result["ok"], result
+    assert result["value"]["backend"] == "chat"
+    assert result["value"]["body_length"] > BUFFER and result["value"]["model_offset"] < 16
+
+
+def test_a_body_cut_before_its_model_gets_413_naming_the_buffer_variable(gateway):
+    result = gateway["outcomes"]["too_long_messages_first"]
+    assert result["status"] == 413, result
+    assert "gateway_request_buffer_size" in result["body"]["message"]
+
+
+def test_an_unknown_model_is_the_clients_not_found_error_naming_it(gateway):
+    result = gateway["outcomes"]["unknown"]
+    assert (result["error"], result["status"]) == ("NotFoundError", 404), result
+    assert result["body"] == {"message": "The model `%s` does not exist." % UNKNOWN, "type": "NotFoundError",
+                              "code": 404}
+
+
+def test_a_client_asking_a_model_not_granted_gets_permission_denied(gateway):
+    result = gateway["outcomes"]["limited_embed"]
+    assert (result["error"], result["status"]) == ("PermissionDeniedError", 403), result
+
+
+def test_the_gateway_lists_each_client_the_models_it_may_use(gateway):
+    full, limited = gateway["outcomes"]["models_full"], gateway["outcomes"]["models_limited"]
+    assert full["ok"] and limited["ok"], (full, limited)
+    assert full["value"] == [{"id": name, "object": "model", "owned_by": "onprem-vllm"}
+                             for name in ("tiny-chat", "tiny-embed")]
+    assert [model["id"] for model in limited["value"]] == ["tiny-chat"]
+
+
+@pytest.mark.parametrize("case, status, message", [
+    ("no_model", 400, "no model in the request"), ("no_key", 401, "missing or unknown API key")])
+def test_the_gateway_answers_a_request_it_cannot_route_itself(gateway, case, status, message):
+    result = gateway["outcomes"][case]
+    assert result["status"] == status and json.loads(result["body"])["error"]["message"] == message, result
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/pooling", "/classify", "/v1/models/tiny-embed"])
+def test_paths_of_no_runner_are_closed_at_the_gateway(gateway, path):
+    result = gateway["outcomes"]["path " + path]
+    assert result["status"] == 404 and json.loads(result["body"])["error"]["message"] == "not found", result
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/score"])
+def test_a_pooling_deployments_paths_are_open_while_it_exists(gateway, path):
+    result = gateway["outcomes"]["path " + path]
+    assert json.loads(result["body"]).get("backend") == "embed", result  # the stand-in answered, not the gateway
+
+
+def test_the_canary_token_pins_a_request_to_its_server_and_says_so(gateway):
+    canary, plain = gateway["outcomes"]["canary"], gateway["outcomes"]["plain"]
+    assert canary["status"] == 200 and canary["headers"].get("x-onprem-canary-server") == "chat1", canary
+    assert plain["status"] == 200 and "x-onprem-canary-server" not in plain["headers"], plain
+
+
+def test_drain_and_undrain_act_on_each_hosts_deployment_backend(gateway):
+    tasks = gateway["drain_tasks"]
+    assert gateway["drain_rc"] == 0, _failures(tasks)
+    assert tasks["Ask for the chat model while its only host is drained"]["chat1"]["status"] == 503
+    # Undrained, each host answered its runner's canary (the pooling stand-in has no completions route).
+    failed = tasks["gateway : Fail the host that did not answer its canary through the gateway"]
+    assert failed["chat1"].get("skipped") and failed["embed1"].get("skipped"), failed
+    rows = [line.split() for line in gateway["state_file"].splitlines() if line and not line.startswith("#")][1:]
+    admin_states = sorted((row[1], row[3], row[6]) for row in rows)  # backend, server, srv_admin_state
+    assert admin_states == [("vllm-chat", "chat1", "0"), ("vllm-embed", "embed1", "0")]
+    assert gateway["after_undrain"]["backend"] == "chat"
