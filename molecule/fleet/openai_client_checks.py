@@ -3,8 +3,9 @@
 
 Runs inside a container of the lab's vLLM image (it ships the openai package vLLM itself uses) on the fleet's network:
   python3 openai_client_checks.py BASE_URL CAFILE KEYFILE CHAT_MODEL EMBED_MODEL EMBED_DIMENSIONS
-Prints one JSON object with each check's outcome; exits 1 when any check failed. The client writes "messages" and
-"input" BEFORE "model", so the bodies over 64 KB below put the model where the gateway sees it last.
+Prints one JSON object with each check's outcome; exits 1 when any check failed. The bodies over 64 KB are sent in the
+client's own key order (this release writes "model" first; tests/unit/roles/test_gateway_routing.py also sends them
+with "model" last, as other clients do).
 """
 from __future__ import annotations
 
