@@ -31,7 +31,7 @@ import subprocess
 
 from ansible.plugins.callback import CallbackBase
 
-BATCH_PLAY = "Roll the pinned vLLM server across the fleet in health-gated batches"
+BATCH_PLAY = "Roll the pinned vLLM servers across the fleet in health-gated batches"
 
 
 class CallbackModule(CallbackBase):
