@@ -290,22 +290,26 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
     )
 
 
-def _safetensors_header_bytes(path: str) -> int:
-    """Bytes of tensor data in one .safetensors file, from its JSON header only."""
-    with open(path, "rb") as handle:
-        raw = handle.read(8)
-        if len(raw) != 8:
-            raise ModelConfigError("%s is not a safetensors file (short header)" % path)
-        (header_len,) = struct.unpack("<Q", raw)
-        if header_len > 100 * 1024 * 1024:
-            raise ModelConfigError("%s: safetensors header of %d bytes is implausible" % (path, header_len))
-        header = json.loads(handle.read(header_len))
+def safetensors_tensor_bytes(handle, what: str) -> int:
+    """Bytes of tensor data in one .safetensors file (an open binary handle at its start), from its JSON header only."""
+    raw = handle.read(8)
+    if len(raw) != 8:
+        raise ModelConfigError("%s is not a safetensors file (short header)" % what)
+    (header_len,) = struct.unpack("<Q", raw)
+    if header_len > 100 * 1024 * 1024:
+        raise ModelConfigError("%s: safetensors header of %d bytes is implausible" % (what, header_len))
+    header = json.loads(handle.read(header_len))
     total = 0
     for name, meta in header.items():
         if name != "__metadata__" and isinstance(meta, dict):
             start, end = meta["data_offsets"]
             total += end - start
     return total
+
+
+def _safetensors_header_bytes(path: str) -> int:
+    with open(path, "rb") as handle:
+        return safetensors_tensor_bytes(handle, path)
 
 
 def checkpoint_weight_bytes(checkpoint_dir: str) -> Optional[int]:
@@ -331,8 +335,14 @@ def checkpoint_weight_bytes(checkpoint_dir: str) -> Optional[int]:
 def load_model_shape(path: str) -> ModelShape:
     """Read a config.json (file, checkpoint dir, HF cache repo or snapshot) plus its safetensors size if present."""
     cfg, config_path, checkpoint_dir = load_config_dict(path)
-    shape = parse_config(cfg, source=config_path)
-    weight_bytes = checkpoint_weight_bytes(checkpoint_dir)
+    return shape_with_weights(cfg, config_path, checkpoint_weight_bytes(checkpoint_dir))
+
+
+def shape_with_weights(cfg: dict, source: str, weight_bytes: Optional[int]) -> ModelShape:
+    """parse_config, with the checkpoint's weight size where it is known (else the size the config implies)."""
+    if not isinstance(cfg, dict):
+        raise ModelConfigError("%s is not a JSON object" % source)
+    shape = parse_config(cfg, source=source)
     if weight_bytes is None:
         return shape
     values = dict(shape.__dict__)

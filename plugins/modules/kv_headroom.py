@@ -28,8 +28,18 @@ options:
         of its snapshots. Multimodal configs are resolved to their C(text_config).
       - When the directory holds safetensors, the weight size comes from C(model.safetensors.index.json) or the
         safetensors headers.
+      - Exactly one of O(model_config_path) and O(model_config) is given.
     type: path
-    required: true
+  model_config:
+    description:
+      - The parsed C(config.json), as C(onprem.vllm.hf_model_info) returns it from the model itself (the host's cache,
+        an archive or the hub).
+    type: dict
+  model_weight_bytes:
+    description:
+      - With O(model_config), the checkpoint's weight size (C(onprem.vllm.hf_model_info)'s C(weight_bytes)); when
+        omitted, the size the config implies.
+    type: int
   device:
     description: Which vLLM backend is planned.
     type: str
@@ -269,7 +279,7 @@ from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import (
     plan,
     summary,
 )
-from ansible_collections.onprem.vllm.plugins.module_utils.model_config import ModelConfigError, load_model_shape
+from ansible_collections.onprem.vllm.plugins.module_utils.model_config import ModelConfigError, load_model_shape, shape_with_weights
 
 
 def gpu_from_topology(topology, indices):
@@ -292,7 +302,10 @@ def gpu_from_topology(topology, indices):
 
 
 def build_request(params):
-    shape = load_model_shape(params["model_config_path"])
+    if params["model_config"] is not None:
+        shape = shape_with_weights(params["model_config"], "the model's config.json", params["model_weight_bytes"])
+    else:
+        shape = load_model_shape(params["model_config_path"])
     gpu_bytes = params["gpu_memory_bytes"]
     gpu_name = ""
     if params["device"] == "cuda" and gpu_bytes is None and params["gpu_topology"] is not None:
@@ -352,7 +365,9 @@ def result_facts(result):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            model_config_path=dict(type="path", required=True),
+            model_config_path=dict(type="path"),
+            model_config=dict(type="dict"),
+            model_weight_bytes=dict(type="int"),
             device=dict(type="str", choices=["cuda", "cpu"], default="cuda"),
             gpu_memory_bytes=dict(type="int"),
             gpu_topology=dict(type="raw"),
@@ -378,6 +393,8 @@ def main():
             kv_cache_memory=dict(type="str", default=""),
             kv_cache_memory_margin_pct=dict(type="float", default=2.0),
         ),
+        required_one_of=[("model_config_path", "model_config")],
+        mutually_exclusive=[("model_config_path", "model_config")],
         supports_check_mode=True,
     )
     try:

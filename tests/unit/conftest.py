@@ -13,6 +13,8 @@
 - fake_vllm: an OpenAI-compatible server on 127.0.0.1 that streams completions (SSE) as vLLM does;
 - vllm_endpoints: vLLM's health, models, completion and (recorded) metrics endpoints on 127.0.0.1;
 - haproxy_socket: a unix socket that speaks HAProxy's runtime API (`show stat`, `set server ...`);
+- hf_hub_double: a TEST DOUBLE of the Hugging Face hub on 127.0.0.1 (no hub is reachable here): the two URLs
+  onprem.vllm.hf_model_info asks (a revision's files and sizes; a file of a commit), answers shaped as the hub's API;
 - free_port, and the marker needs_docker (the test is skipped, as a skip, where `docker info` fails);
 - the marker needs_lab_share: the test needs the lab share's model tarball (make lab-artifacts builds it). Skipped,
   as a skip, where it is not built, except where ONPREM_VLLM_REQUIRE_LAB_SHARE=1: there it fails. tools/test.sh
@@ -508,3 +510,55 @@ def haproxy_socket(tmp_path):
     yield start
     for fake in made:
         fake.close()
+
+
+@pytest.fixture
+def hf_hub_double():
+    """hf_hub_double(repos, token=None) -> (endpoint, the Authorization headers it saw).
+
+    repos: {model: {"sha": 40 hex, "files": {name: JSON-able content or an int size}}}. A TEST DOUBLE of the hub's
+    GET /api/models/<model>/revision/<main or sha>?blobs=true (sha and siblings with sizes) and
+    GET /<model>/resolve/<sha>/<name> (the content); a file given as a size is listed but not served. With token, a
+    request without "Bearer <token>" gets 401, as a gated model does; anything else gets 404."""
+    servers, seen = [], []
+
+    def start(repos, token=None):
+        answers = {}
+        for model, repo in repos.items():
+            files = {name: (content if isinstance(content, int) else json.dumps(content).encode())
+                     for name, content in repo["files"].items()}
+            info = {"sha": repo["sha"], "siblings": [
+                {"rfilename": name, "size": data if isinstance(data, int) else len(data)} for name, data in files.items()]}
+            for revision in ("main", repo["sha"]):
+                answers["/api/models/%s/revision/%s?blobs=true" % (model, revision)] = json.dumps(info).encode()
+            for name, data in files.items():
+                if not isinstance(data, int):
+                    answers["/%s/resolve/%s/%s" % (model, repo["sha"], name)] = data
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                seen.append(self.headers.get("Authorization"))
+                if token and self.headers.get("Authorization") != "Bearer " + token:
+                    status, body = 401, b'{"error": "Access to model is restricted"}'
+                elif self.path in answers:
+                    status, body = 200, answers[self.path]
+                else:
+                    status, body = 404, b'{"error": "Revision Not Found"}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return "http://127.0.0.1:%d" % server.server_address[1], seen
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()

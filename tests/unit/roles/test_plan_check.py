@@ -5,6 +5,7 @@ and a /proc + /sys tree for the driver detection (nvidia_driver_host_root). Each
 change, before anything could be installed."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -177,23 +178,31 @@ EXAMPLE_DUMP = """
 """ % PLAN_PLAYBOOK
 
 
-def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(run_playbook, gpu_host, tmp_path):
+def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(
+        run_playbook, gpu_host, tmp_path, hf_hub_double):
     """inventories/example as an operator copies it (its group_vars as they are, its hosts replaced by this machine)
     passes the plan check on a bare dual RTX 4090 workstation. Nothing of conftest's PLAN goes in (plan=False): the
-    plan and the role settings are the example's own. Its Vault placeholders go in as they are: the plan check reads
-    no secret (hf_cache's validate step asserts the hub source's image and model size, and downloads nothing)."""
+    plan and the role settings are the example's own. The host has staged nothing, so each deployment's model is read
+    from the hub on the controller: here conftest's hub TEST DOUBLE (hf_cache_hub_endpoint, the one setting changed)
+    holding the three models' config.json (the fixtures; weights not listed). Its Vault placeholders go in as they are:
+    the hub token placeholder is what the double is sent."""
     with open(os.path.join(EXAMPLE, "group_vars", "all", "plan.yml")) as handle:
         plan = yaml.safe_load(handle)
     inventory = tmp_path / "example"
     inventory.mkdir()
     (inventory / "group_vars").symlink_to(os.path.join(EXAMPLE, "group_vars"))
     (inventory / "hosts.ini").write_text(EXAMPLE_INVENTORY)
-    # The example's gpu_preflight_model_config_path is {{ inventory_dir }}/../example-model-configs/...: kept beside.
-    (tmp_path / "example-model-configs").symlink_to(os.path.join(ROOT, "inventories", "example-model-configs"))
+    models = {d.get("model", plan["onprem_vllm_model"]) for d in plan["onprem_vllm_deployments"]}
+    repos = {}
+    for number, model in enumerate(sorted(models)):
+        with open(os.path.join(MODELS, model.split("/")[1], "config.json")) as handle:
+            repos[model] = {"sha": "%040x" % (number + 1), "files": {"config.json": json.load(handle)}}
+    hub_endpoint, tokens_seen = hf_hub_double(repos)
     host_root = gpu_host(gpus=(RTX4090, RTX4090))
     result = run_playbook(EXAMPLE_DUMP, {
         "plan_check_sysfs_root": os.path.join(host_root, "sys"),  # the simulated host's PCI bus: this one has no GPUs
         "nvidia_driver_host_root": host_root,  # its /proc and /sys: no driver loaded, no nouveau, no Secure Boot
+        "hf_cache_hub_endpoint": hub_endpoint,
     }, inventory=inventory, plan=False)
     assert result.failure() is None and result.rc == 0, result.failure()
     checked = [r for r in result.results if "plan_check_result" in r.get("ansible_facts", {})][-1]
@@ -213,6 +222,8 @@ def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(run_play
         assert int(kv_plan["kv_cache_tokens"]) > max_model_len, (name, kv_plan)
     # The chat deployment's own fraction, not the fleet-wide default it overrides.
     assert deployments["chat"]["gpu_memory_utilization"] != plan["onprem_vllm_gpu_memory_utilization"]
+    # Each model read from the hub, with the example's token (its Vault placeholder here).
+    assert set(tokens_seen) == {"Bearer REPLACE WITH ansible-vault encrypt_string"} and len(tokens_seen) >= 2 * 3
     placed = [r["msg"] for r in result.results if str(r.get("msg", "")).startswith("localhost serves")]
     assert placed == ["localhost serves chat, router, embed (ports 8000, 8001, 8002)"]
 

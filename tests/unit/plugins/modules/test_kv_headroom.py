@@ -28,6 +28,21 @@ def test_fits_returns_the_facts(call):
     assert out["kv_cache_tokens"] == out["num_gpu_blocks"] * 16
 
 
+def test_the_config_given_as_data_plans_as_the_file_does(call):
+    """hf_model_info's facts (the parsed config and the weights' size) give the plan the file and checkpoint give."""
+    with open(os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8", "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    common = dict(gpu_memory_bytes=80 * GIB, max_model_len=32768, vllm_version="0.11.0")
+    _rc, by_path = call(model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"), **common)
+    rc, by_data = call(model_config=config, **common)
+    assert rc == 0 and by_data["num_gpu_blocks"] == by_path["num_gpu_blocks"] > 0
+    _rc, heavier = call(model_config=config, model_weight_bytes=by_path["weights_bytes_per_gpu"] + 2 * GIB, **common)
+    assert heavier["weights_bytes_per_gpu"] == by_path["weights_bytes_per_gpu"] + 2 * GIB
+    assert heavier["num_gpu_blocks"] < by_data["num_gpu_blocks"]
+    rc, out = call(**common)
+    assert rc == 1 and "model_config_path, model_config" in out["msg"]
+
+
 def test_misfit_fails_with_suggestion_and_facts(call):
     rc, out = call(model_config_path=os.path.join(FIXTURES, "Qwen3-30B-A3B-FP8"),
                    gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0")
