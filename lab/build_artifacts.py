@@ -12,7 +12,8 @@ What it makes (lab/build/ is git-ignored; lab/build/share is mounted read-only a
   vllm/vllm-openai:v0.32.0-lab2   a one-layer child (label/env only): a second image ID for upgrade tests
   share/images/<name>_<tag>.tar   `docker save` of each tag (load with `docker load -i`); lab2's leaves out the layers
                                   it shares with v0.32.0, which every lab host holds (labctl.omit_host_layers)
-  share/models/onprem-lab--tiny-qwen3-<rev12>.tar  the checkpoint as a Hugging Face cache repo folder
+  share/models/onprem-lab--tiny-qwen3-<rev12>.tar  the checkpoint as a Hugging Face cache repo folder (and
+                                  onprem-lab--tiny-embed-<rev12>.tar, the fleet's embedding model: MODELS)
   share/hf-seed/hub/models--onprem-lab--tiny-qwen3/ the same, unpacked (usable as HF_HOME)
   share/manifest.json             image IDs, recipe hashes, tar sizes, the checkpoint revision
 
@@ -61,6 +62,12 @@ IMAGE_TAG_LAB2 = f"{IMAGE_REPO}:v{VLLM_VERSION}-lab2"
 MODEL_ORG, MODEL_NAME = "onprem-lab", "tiny-qwen3"
 MODEL_ID = f"{MODEL_ORG}/{MODEL_NAME}"
 MODEL_REPO_DIR = f"models--{MODEL_ORG}--{MODEL_NAME}"
+# The lab's checkpoints: the tiny Qwen3 (chat; the smoke test serves it) and a second, smaller model of the same
+# family that the fleet serves on the pooling runner (its embeddings have its own hidden size, 128).
+MODELS = {
+    MODEL_ID: [],
+    f"{MODEL_ORG}/tiny-embed": ["--hidden", "128", "--layers", "1", "--seed", "20261204"],
+}
 DEFAULT_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 DEFAULT_PIP_INDEX = "https://pypi.org/simple"
@@ -275,13 +282,13 @@ def save_image(args, tag: str, image_id: str, manifest: dict, report: dict, omit
 
 
 # ---------------------------------------------------------------- checkpoint
-def generate_checkpoint_files(out: Path) -> dict:
+def generate_checkpoint_files(out: Path, generator_args: list[str]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python",
          "-e", "PYTHONHASHSEED=0", "-e", "TOKENIZERS_PARALLELISM=false",
          "-v", f"{GENERATOR.parent}:/gen:ro", "-v", f"{out}:/out", IMAGE_TAG,
-         "/gen/make_tiny_qwen3.py", "--out", "/out"],
+         "/gen/make_tiny_qwen3.py", "--out", "/out", *generator_args],
         capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise BuildError(f"checkpoint generator failed: {proc.stderr.strip().splitlines()[-5:]}")
@@ -342,42 +349,46 @@ def write_repo_tar(repo_dir: Path, tar_path: Path) -> None:
     tmp.replace(tar_path)
 
 
-def build_checkpoint(args, serving_recipe_hash: str, manifest: dict, report: dict, timings: dict) -> None:
+def build_checkpoint(args, model_id: str, serving_recipe_hash: str, manifest: dict, report: dict,
+                     timings: dict) -> None:
+    generator_args = MODELS[model_id]
+    org, name = model_id.split("/")
+    repo_dir = f"models--{org}--{name}"
     recipe = short_hash({"generator": sha256_file(GENERATOR), "image_recipe": serving_recipe_hash,
-                         "layout_version": 1})
-    entry = manifest["models"].get(MODEL_ID, {})
-    seed_repo = SHARE_DIR / "hf-seed" / "hub" / MODEL_REPO_DIR
+                         "layout_version": 1, **({"args": generator_args} if generator_args else {})})
+    entry = manifest["models"].get(model_id, {})
+    seed_repo = SHARE_DIR / "hf-seed" / "hub" / repo_dir
     if (not args.force and entry.get("recipe") == recipe and entry.get("revision")
             and (seed_repo / "snapshots" / entry["revision"] / "config.json").exists()
             and (SHARE_DIR / entry.get("tar", "-")).exists()):
-        report["checkpoint"] = f"up to date ({MODEL_ID} rev {entry['revision']})"
+        report[f"checkpoint {model_id}"] = f"up to date (rev {entry['revision']})"
         return
     with tempfile.TemporaryDirectory(prefix="onprem-ckpt-", dir=BUILD_DIR) as tmp:
         first, second = Path(tmp) / "a", Path(tmp) / "b"
         started = time.monotonic()
-        info = generate_checkpoint_files(first)
-        timings["checkpoint generation (one run)"] = round(time.monotonic() - started, 1)
+        info = generate_checkpoint_files(first, generator_args)
+        timings[f"checkpoint generation of {model_id} (one run)"] = round(time.monotonic() - started, 1)
         hashes = file_hashes(first)
         if not args.skip_determinism_check:
-            generate_checkpoint_files(second)
+            generate_checkpoint_files(second, generator_args)
             if file_hashes(second) != hashes:
                 diff = sorted(n for n in hashes if file_hashes(second).get(n) != hashes[n])
                 raise BuildError(f"the checkpoint generator is not deterministic: {diff} differ between two runs")
         rev = revision_of(hashes)
         # Build the repo folder beside the share, then swap it in: a half-written repo is never visible.
-        staging = Path(tmp) / "hub" / MODEL_REPO_DIR
+        staging = Path(tmp) / "hub" / repo_dir
         layout_hf_repo(first, hashes, rev, staging)
-        tar_path = SHARE_DIR / "models" / f"{MODEL_ORG}--{MODEL_NAME}-{rev[:12]}.tar"
+        tar_path = SHARE_DIR / "models" / f"{org}--{name}-{rev[:12]}.tar"
         tar_path.parent.mkdir(parents=True, exist_ok=True)
         write_repo_tar(staging, tar_path)
         seed_repo.parent.mkdir(parents=True, exist_ok=True)
         if seed_repo.exists():
             shutil.rmtree(seed_repo)  # only our own generated copy under lab/build
         shutil.move(str(staging), str(seed_repo))
-    manifest["models"][MODEL_ID] = {
+    manifest["models"][model_id] = {
         "revision": rev,
         "recipe": recipe,
-        "repo_dir": MODEL_REPO_DIR,
+        "repo_dir": repo_dir,
         "tar": str(tar_path.relative_to(SHARE_DIR)),
         "tar_bytes": tar_path.stat().st_size,
         "tar_sha256": sha256_file(tar_path),
@@ -388,7 +399,7 @@ def build_checkpoint(args, serving_recipe_hash: str, manifest: dict, report: dic
         **info,
     }
     save_manifest(manifest)
-    report["checkpoint"] = f"generated {MODEL_ID} rev {rev} ({tar_path.relative_to(BUILD_DIR)})"
+    report[f"checkpoint {model_id}"] = f"generated rev {rev} ({tar_path.relative_to(BUILD_DIR)})"
 
 
 # ---------------------------------------------------------------- smoke test
@@ -502,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
             lab2_id = build_lab2_image(args, image_id, report)
         recipe = image_labels(inspect_image(IMAGE_TAG)).get(f"{labctl.LAB_LABEL}.recipe")
         with step("checkpoint", timings):
-            build_checkpoint(args, recipe, manifest, report, timings)
+            for model_id in MODELS:
+                build_checkpoint(args, model_id, recipe, manifest, report, timings)
         with step(f"save {IMAGE_TAG}", timings):
             save_image(args, IMAGE_TAG, image_id, manifest, report)
         with step(f"save {IMAGE_TAG_LAB2}", timings):

@@ -7,7 +7,8 @@ Runs INSIDE the lab serving image (it has torch, transformers, tokenizers, safet
       /gen/make_tiny_qwen3.py --out /out
 
 Writes a flat folder of files (config.json, generation_config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json). lab/build_artifacts.py lays them out as a Hugging Face cache repo (blobs/snapshots/refs).
+tokenizer_config.json). --hidden, --layers and --seed make another model of the same family (the lab's embedding
+model: lab/build_artifacts.py's MODELS); the defaults make onprem-lab/tiny-qwen3. lab/build_artifacts.py lays them out as a Hugging Face cache repo (blobs/snapshots/refs).
 Same recipe + same image -> same bytes (checked by generating twice).
 
 The shape follows what vLLM's CPU build accepts: head_dim 64 (CPU attention rejects 16).
@@ -89,7 +90,7 @@ def train_tokenizer(out: Path) -> int:
     return tok.get_vocab_size()
 
 
-def write_model(out: Path, tokenizer_vocab: int) -> dict:
+def write_model(out: Path, tokenizer_vocab: int, hidden: int = HIDDEN, layers: int = LAYERS, seed: int = SEED) -> dict:
     import torch
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -105,13 +106,13 @@ def write_model(out: Path, tokenizer_vocab: int) -> dict:
         "eos_token_id": eos,
         "head_dim": HEAD_DIM,
         "hidden_act": "silu",
-        "hidden_size": HIDDEN,
+        "hidden_size": hidden,
         "initializer_range": 0.02,
-        "intermediate_size": INTERMEDIATE,
+        "intermediate_size": INTERMEDIATE * hidden // HIDDEN,
         "max_position_embeddings": MAX_POSITIONS,
-        "max_window_layers": LAYERS,
+        "max_window_layers": layers,
         "num_attention_heads": HEADS,
-        "num_hidden_layers": LAYERS,
+        "num_hidden_layers": layers,
         "num_key_value_heads": KV_HEADS,
         "rms_norm_eps": 1e-06,
         "rope_scaling": None,
@@ -130,10 +131,10 @@ def write_model(out: Path, tokenizer_vocab: int) -> dict:
     })
     # The parameter names and shapes come from transformers' own Qwen3 class (what vLLM's loader expects); the
     # values come from one seeded generator in sorted-name order, independent of transformers' init code.
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     hf_config = Qwen3Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")})
     shapes = {name: tuple(t.shape) for name, t in Qwen3ForCausalLM(hf_config).state_dict().items()}
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for name in sorted(shapes):
         if name == "lm_head.weight":  # tied to embed_tokens
@@ -151,10 +152,13 @@ def write_model(out: Path, tokenizer_vocab: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden size (a multiple of %d)" % (HIDDEN // 4))
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer_vocab = train_tokenizer(args.out)
-    info = write_model(args.out, tokenizer_vocab)
+    info = write_model(args.out, tokenizer_vocab, hidden=args.hidden, layers=args.layers, seed=args.seed)
     print(json.dumps({"tokenizer_vocab": tokenizer_vocab, **info}))
 
 

@@ -31,9 +31,12 @@ PLAYBOOK = """
       ansible.builtin.include_role:
         name: vllm_server
         tasks_from: validate.yml
+        public: true  # its derived arguments (vars/main.yml) for the dump below
       vars:
         vllm_server_model_revision: "{{{{ revision_override | default(_onprem_model_commits.default) }}}}"
     - name: Dump
+      vars:
+        vllm_server_model_revision: "{{{{ revision_override | default(_onprem_model_commits.default) }}}}"
       ansible.builtin.debug:
         msg:
           resolved: "{{{{ hf_cache_result.commit | default('') }}}}"

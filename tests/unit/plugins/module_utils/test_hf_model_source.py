@@ -172,13 +172,22 @@ def test_weights_and_dtype_of_a_multimodal_config():
 
 
 @pytest.mark.needs_lab_share
-def test_the_lab_tarball_gives_the_facts_of_its_unpacked_seed(lab_model_tarball):
-    """The lab share's real model tarball (lab/build_artifacts.py) read in place, by branch and by commit, gives what
-    the unpacked copy of the same folder gives: what the fleet's plan check reads before a host staged the model."""
-    seed = os.path.join(os.path.dirname(lab_model_tarball), "..", "hf-seed", "hub", "models--onprem-lab--tiny-qwen3")
-    by_branch = src.from_archive(lab_model_tarball, "onprem-lab/tiny-qwen3", "main")
-    unpacked = src.from_cache_folder(seed, by_branch["commit"])
-    assert by_branch == dict(unpacked, origin=by_branch["origin"])
-    assert src.from_archive(lab_model_tarball, "onprem-lab/tiny-qwen3", by_branch["commit"]) == by_branch
-    assert by_branch["config"]["model_type"] == "qwen3" and by_branch["weight_bytes"] > 0
-    assert by_branch["size_bytes"] > by_branch["weight_bytes"]
+def test_the_lab_tarballs_give_the_facts_of_their_unpacked_seeds(lab_model_tarball):
+    """Each of the lab share's real model tarballs (lab/build_artifacts.py: the tiny Qwen3 and the fleet's embedding
+    model) read in place, by branch and by commit, gives what the unpacked copy of the same folder gives: what the
+    fleet's plan check reads before a host staged the model."""
+    share = os.path.join(os.path.dirname(lab_model_tarball), "..")
+    with open(os.path.join(share, "manifest.json"), encoding="utf-8") as handle:
+        models = json.load(handle)["models"]
+    assert {"onprem-lab/tiny-qwen3", "onprem-lab/tiny-embed"} <= set(models)
+    hidden = {}
+    for model, entry in models.items():
+        tarball = os.path.join(share, entry["tar"])
+        by_branch = src.from_archive(tarball, model, "main")
+        assert by_branch["commit"] == entry["revision"]
+        unpacked = src.from_cache_folder(os.path.join(share, entry["hf_seed"]), entry["revision"])
+        assert by_branch == dict(unpacked, origin=by_branch["origin"])
+        assert src.from_archive(tarball, model, entry["revision"]) == by_branch
+        assert by_branch["config"]["model_type"] == "qwen3" and 0 < by_branch["weight_bytes"] < by_branch["size_bytes"]
+        hidden[model] = by_branch["config"]["hidden_size"]
+    assert hidden["onprem-lab/tiny-qwen3"] == 256 and hidden["onprem-lab/tiny-embed"] == 128
