@@ -8,7 +8,8 @@ Runs INSIDE the lab serving image (it has torch, transformers, tokenizers, safet
 
 Writes a flat folder of files (config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json). --hidden, --layers and --seed make another model of the same family (the lab's embedding
-model: lab/build_artifacts.py's MODELS); the defaults make onprem-lab/tiny-qwen3. lab/build_artifacts.py lays them out as a Hugging Face cache repo (blobs/snapshots/refs).
+model: lab/build_artifacts.py's MODELS); the defaults make onprem-lab/tiny-qwen3. lab/build_artifacts.py lays them
+out as a Hugging Face cache repo (blobs/snapshots/refs).
 Same recipe + same image -> same bytes (checked by generating twice).
 
 The shape follows what vLLM's CPU build accepts: head_dim 64 (CPU attention rejects 16).
