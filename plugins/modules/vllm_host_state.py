@@ -36,11 +36,23 @@ options:
     description: The address O(port) is tested on.
     type: str
     default: 127.0.0.1
-  json_files:
-    description: JSON files to read, by absolute path (a missing one reads as null).
-    type: list
-    elements: str
-    default: []
+  deployment_records:
+    description: >-
+      A deployment's records to read (C(onprem.vllm.vllm_deployment_record) writes them); omitted skips.
+    type: dict
+    suboptions:
+      config_dir:
+        description: The server's config directory.
+        type: path
+        required: true
+      name:
+        description: The server's container name.
+        type: str
+        required: true
+      rollback_target:
+        description: Also return what a rollback restores from the previous record (fails on a record without it).
+        type: bool
+        default: false
   paths:
     description: Absolute paths to test for existence.
     type: list
@@ -62,7 +74,7 @@ EXAMPLES = r"""
   onprem.vllm.vllm_host_state:
     container_names: [vllm, vllm-previous]
     port: 8000
-    json_files: [/etc/onprem-vllm/vllm.rollout.json]
+    deployment_records: {config_dir: /etc/onprem-vllm, name: vllm}
     paths: [/var/lib/onprem-vllm/hf/hub/models--Qwen--Qwen3-30B-A3B-FP8/snapshots/0123abcd/config.json]
   register: host_state
 
@@ -101,23 +113,27 @@ port_listening:
   description: Whether something accepts TCP connections on O(port_host):O(port) (false when O(port) is 0).
   returned: always
   type: bool
-json_files:
-  description: Each of O(json_files) parsed, or null where the file does not exist.
-  returned: always
+deployment_records:
+  description: >-
+    The deployment's records parsed, null where a file does not exist - C(current) (what runs), C(previous) (what it
+    replaced), C(marker) (an interrupted rollout's in-progress marker), and with
+    O(deployment_records.rollback_target) C(rollback_target) (image, image_tag, image_digest, model, model_commit,
+    served_model_name, version, args, env, gpu_uuids of the previous record; null without one).
+  returned: when O(deployment_records) is given
   type: dict
+  sample: {current: {image: "vllm/vllm-openai:v0.32.0@sha256:...", port: 8000}, previous: null, marker: null}
 paths:
   description: Each of O(paths) and whether it exists.
   returned: always
   type: dict
 """
 
-import json
 import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.onprem.vllm.plugins.module_utils import docker_inspect
+from ansible_collections.onprem.vllm.plugins.module_utils import deployment_record, docker_inspect
 
 
 def _inspect(module, docker, argv):
@@ -136,14 +152,15 @@ def _port_listening(host, port):
         return False
 
 
-def _read_json(module, path):
+def _deployment_records(module, wanted):
     try:
-        with open(path) as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        module.fail_json(msg="cannot read %s as JSON: %s" % (path, exc))
+        records = deployment_record.read_all(wanted["config_dir"], wanted["name"])
+        if wanted["rollback_target"]:
+            records["rollback_target"] = (deployment_record.rollback_target(records["previous"])
+                                          if records["previous"] is not None else None)
+    except deployment_record.RecordError as exc:
+        module.fail_json(msg=str(exc))
+    return records
 
 
 def main():
@@ -154,16 +171,18 @@ def main():
             image_archive=dict(type="str", default=""),
             port=dict(type="int", default=0),
             port_host=dict(type="str", default="127.0.0.1"),
-            # str, not path: the results are keyed by the absolute paths as given.
-            json_files=dict(type="list", elements="str", default=[]),
+            deployment_records=dict(type="dict", options=dict(config_dir=dict(type="path", required=True),
+                                                              name=dict(type="str", required=True),
+                                                              rollback_target=dict(type="bool", default=False))),
             paths=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
     p = module.params
     result = dict(changed=False, containers={}, images=[], port_listening=False,
-                  json_files={path: _read_json(module, path) for path in p["json_files"]},
                   paths={path: os.path.exists(path) for path in p["paths"]})
+    if p["deployment_records"]:
+        result["deployment_records"] = _deployment_records(module, p["deployment_records"])
     docker = module.get_bin_path("docker", required=True) if p["container_names"] or p["image"] else None
     if p["container_names"]:
         found = _inspect(module, docker, ["inspect", "--type", "container"] + p["container_names"])

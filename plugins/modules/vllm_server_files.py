@@ -9,7 +9,7 @@ version_added: 0.1.0
 author: onprem.vllm developers (@onprem)
 description:
   - One module run instead of one task per file, since each task is a round trip to the host and a rollout writes these
-    for every host it deploys (vllm_server's C(host_files.yml) and its deployment records).
+    for every host it deploys (vllm_server's C(host_files.yml)).
   - In this order, each only where it differs, owned by O(owner) and O(group) - O(directories) are created (as listed,
     with any missing parent), O(files) are written with exactly their content (a temporary file in the same directory, then
     renamed over the old one, so a reader or a power cut never sees half a file), O(absent) paths are removed.

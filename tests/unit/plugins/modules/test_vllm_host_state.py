@@ -39,13 +39,13 @@ def host_state(call_module):
 def test_containers_image_port_and_files_in_one_run(host_state, docker_objects, tmp_path):
     name, image = docker_objects
     marker = tmp_path / "vllm.rollout.json"
-    marker.write_text(json.dumps({"new": {"image": image}, "replaced": None}))
+    marker.write_text(json.dumps({"new": {"image": image}, "replaced": None, "deployment": "d1"}))
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
         runs = [host_state(container_names=[name, name + "-previous"], image=image, port=port,
-                           json_files=[str(marker), str(tmp_path / "absent.json")],
+                           deployment_records={"config_dir": str(tmp_path), "name": "vllm"},
                            paths=[str(marker), str(tmp_path / "absent")], _ansible_check_mode=mode)
                 for mode in (True, False)]
     for rc, result in runs:
@@ -54,8 +54,8 @@ def test_containers_image_port_and_files_in_one_run(host_state, docker_objects, 
         assert result["containers"][name + "-previous"] == {"exists": False, "container": None}
         assert [i["RepoTags"] for i in result["images"]] == [[image]]
         assert result["port_listening"] is True
-        assert result["json_files"] == {str(marker): {"new": {"image": image}, "replaced": None},
-                                        str(tmp_path / "absent.json"): None}
+        assert result["deployment_records"] == {"current": None, "previous": None,
+                                                "marker": {"new": {"image": image}, "replaced": None, "deployment": "d1"}}
         assert result["paths"] == {str(marker): True, str(tmp_path / "absent"): False}
         assert "archive" not in result  # the image is there: no need to look at its archive
 
@@ -63,7 +63,7 @@ def test_containers_image_port_and_files_in_one_run(host_state, docker_objects, 
 def test_a_closed_port_and_nothing_asked(host_state, free_port):
     rc, result = host_state(port=free_port())
     assert rc == 0 and result["port_listening"] is False
-    assert result["containers"] == {} and result["images"] == [] and result["json_files"] == {}
+    assert result["containers"] == {} and result["images"] == [] and "deployment_records" not in result
 
 
 def test_a_missing_image_reports_its_archive_and_the_room_under_docker_s_data_root(host_state, tmp_path):
@@ -81,8 +81,22 @@ def test_a_missing_image_reports_its_archive_and_the_room_under_docker_s_data_ro
     assert result["archive"] == {"exists": False, "size": 0} and "docker_root_dir" not in result
 
 
-def test_a_file_that_is_not_json_fails_with_its_path(host_state, tmp_path):
+def test_a_record_that_is_not_json_fails_with_its_path(host_state, tmp_path):
     broken = tmp_path / "vllm.rollout.json"
     broken.write_text("{half")
-    rc, result = host_state(json_files=[str(broken)])
+    rc, result = host_state(deployment_records={"config_dir": str(tmp_path), "name": "vllm"})
     assert rc == 1 and result["msg"].startswith("cannot read %s as JSON" % broken)
+
+
+def test_the_rollback_target_comes_from_the_previous_record(host_state, tmp_path):
+    records = {"config_dir": str(tmp_path), "name": "chat", "rollback_target": True}
+    rc, result = host_state(deployment_records=records)
+    assert rc == 0 and result["deployment_records"]["rollback_target"] is None  # nothing to roll back to
+    previous = {"image": "vllm/vllm-openai:v0.26.0@sha256:" + "a" * 64, "model": "m/x", "model_revision": "c" * 40,
+                "served_model_name": "x", "version": "v0.26.0", "args": ["--port", "8000"], "env": {}, "gpu_uuids": []}
+    (tmp_path / "chat.deployment.previous.json").write_text(json.dumps(previous))
+    rc, result = host_state(deployment_records=records)
+    assert rc == 0 and result["deployment_records"]["rollback_target"]["image_tag"] == "v0.26.0"
+    (tmp_path / "chat.deployment.previous.json").write_text(json.dumps({"image": "vllm/vllm-openai:v0.26.0"}))
+    rc, result = host_state(deployment_records=records)
+    assert rc == 1 and "lacks model, model_revision" in result["msg"]
