@@ -2,51 +2,52 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: serial_batches
-short_description: The batches a C(serial) play makes of its hosts
-version_added: 0.1.0
+name: deployment_canaries
+short_description: Each deployment's canary host in a rollout
+version_added: 0.2.0
 author: onprem.vllm developers (@onprem)
 description:
-  - Splits a play's hosts into the batches Ansible runs for a C(serial) value (a count, a percentage such as C(25%),
-    or a list of them whose last entry repeats), by Ansible's own rule. The rollout uses the first batch as its canary.
-positional: hosts
+  - A deployment's canary is the first of the rollout's hosts (in play order) that runs it, i.e. that is in the
+    deployment's C(hosts) inventory group. C(playbooks/rollout.yml) rolls every deployment on its canary, one host at
+    a time, before any batch.
+positional: hosts, groups
 options:
   _input:
-    description: The play's C(serial) value; empty or 0 means all hosts in one batch.
-    type: raw
+    description: The plan's deployments (C(onprem.vllm.plan_deployments)).
+    type: list
+    elements: dict
     required: true
   hosts:
-    description: The play's hosts in play order, such as C(ansible_play_hosts_all).
+    description: The rollout's hosts in play order, such as C(ansible_play_hosts_all).
     type: list
     elements: str
+    required: true
+  groups:
+    description: The inventory's groups and their hosts (the magic variable C(groups)).
+    type: dict
     required: true
 """
 
 EXAMPLES = r"""
-- name: Show the canary of a [1, '25%'] ramp
+- name: Show which host is each deployment's canary
   ansible.builtin.debug:
-    msg: "{{ [1, '25%'] | onprem.vllm.serial_batches(ansible_play_hosts_all) | first }}"
+    msg: "{{ onprem_vllm_plan | onprem.vllm.deployment_canaries(ansible_play_hosts_all, groups) }}"
 """
 
 RETURN = r"""
 _value:
-  description: One list of host names per batch, in the order Ansible runs them.
-  type: list
-  elements: list
+  description: The canary host of each deployment by name; a deployment on none of the hosts is left out.
+  type: dict
+  sample: {chat: ws-01, router: ws-01, embed: ws-01}
 """
 
-from ansible.errors import AnsibleFilterError
-
-from ansible_collections.onprem.vllm.plugins.module_utils.rollout_batches import SerialError, serial_batches as _batches
+from ansible_collections.onprem.vllm.plugins.module_utils.deployments import canaries
 
 
-def serial_batches(serial, hosts):
-    try:
-        return _batches(serial, list(hosts))
-    except SerialError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
+def deployment_canaries(deployments, hosts, groups):
+    return canaries(list(deployments), list(hosts), dict(groups))
 
 
 class FilterModule:
     def filters(self):
-        return {"serial_batches": serial_batches}
+        return {"deployment_canaries": deployment_canaries}

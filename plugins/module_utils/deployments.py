@@ -142,6 +142,18 @@ def on_host(deployments: list[dict], group_names) -> list[dict]:
     return [d for d in deployments if isinstance(d.get("hosts"), str) and d["hosts"] in groups]
 
 
+def canaries(deployments: list[dict], hosts, groups: dict) -> dict:
+    """Each deployment's canary: the first of HOSTS (the rollout's hosts, in play order) in its inventory group.
+    A deployment that lands on none of them has none."""
+    found = {}
+    for deployment in deployments:
+        members = set(groups.get(deployment.get("hosts"), []) or [])
+        host = next((h for h in hosts if h in members), None)
+        if host is not None:
+            found[deployment["name"]] = host
+    return found
+
+
 def fleet_errors(deployments: list[dict]) -> list[str]:
     """Problems of the plan as a whole: names, served names and aliases, runners and sharing references."""
     errors = []

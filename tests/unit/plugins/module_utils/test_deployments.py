@@ -613,3 +613,15 @@ def test_placement_errors_only_look_at_this_hosts_deployments():
     assert placement_errors(result, "gpu1", ["vllm_servers"], 2, False) == []
     [error] = placement_errors(result, "rt1", ["router_servers"], 2, False)
     assert error.startswith("rt1 has 2 GPU(s) but its deployments take 4 whole GPUs (router: 4)")
+
+
+def test_each_deployment_s_canary_is_the_first_rollout_host_in_its_group():
+    from ansible_collections.onprem.vllm.plugins.filter.rollout import deployment_canaries
+    plan = [{"name": "chat", "hosts": "vllm_servers"}, {"name": "router", "hosts": "vllm_rag"},
+            {"name": "embed", "hosts": "vllm_rag"}, {"name": "vision", "hosts": "vision_hosts"}]
+    groups = {"vllm_servers": ["ws1", "ws2", "ws3"], "vllm_rag": ["ws3", "ws2"], "vision_hosts": ["ws9"]}
+    # Play order decides, not the group's order; a deployment on no rollout host has no canary.
+    assert deployment_canaries(plan, ["ws1", "ws2", "ws3"], groups) == {"chat": "ws1", "router": "ws2", "embed": "ws2"}
+    # Limited to one host (-l ws3): it is every deployment's canary there.
+    assert deployments.canaries(plan, ["ws3"], groups) == {"chat": "ws3", "router": "ws3", "embed": "ws3"}
+    assert deployments.canaries(plan, [], groups) == {}
