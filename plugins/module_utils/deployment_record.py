@@ -7,6 +7,8 @@ config directory, for its container NAME:
 
 - NAME.deployment.json: the deployment that runs and last passed its gate;
 - NAME.deployment.previous.json: the deployment it replaced (rollback.yml restores it);
+- NAME.answers.json: the known-answer gate's recorded answers (module_utils/known_answers.py) for the model,
+  revision and dtype that last recorded them;
 - NAME.rollout.json: the in-progress marker, written before a running server is set aside and removed once the new
   one passed its gate: {"new": the new deployment's record, "replaced": the record it replaces (null in a first
   deployment), "deployment": the id the new container carries as its label onprem.vllm.deployment}.
@@ -36,6 +38,11 @@ def paths(config_dir: str, name: str) -> dict:
     base = os.path.join(config_dir, name)
     return {"current": base + ".deployment.json", "previous": base + ".deployment.previous.json",
             "marker": base + ".rollout.json"}
+
+
+def answers_path(config_dir: str, name: str) -> str:
+    """The known-answer gate's recorded answers of the deployment whose container is NAME."""
+    return paths(config_dir, name)["current"].replace(".deployment.json", ".answers.json")
 
 
 def dumps(record) -> str:

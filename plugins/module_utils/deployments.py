@@ -29,6 +29,8 @@ OWN_DEFAULTS = {
     "env": {},
     "shares_gpu_with": "",
     "shared_gpu_index": 0,
+    # The known-answer gate's prompts for this deployment ([]: the collection's default set).
+    "known_answer_prompts": [],
 }
 # Keys set per deployment only (their defaults depend on the deployment's name).
 NAMED_KEYS = ("name", "served_model_name", "hosts", "container_name", "port")
@@ -191,6 +193,9 @@ def fleet_errors(deployments: list[dict]) -> list[str]:
             seen_served.setdefault(served, name)
         if not isinstance(deployment.get("extra_args"), list):
             errors.append(f"deployment {name}: extra_args must be a list of arguments")
+        prompts = deployment.get("known_answer_prompts")
+        if not isinstance(prompts, list) or not all(isinstance(p, str) and p.strip() for p in prompts):
+            errors.append(f"deployment {name}: known_answer_prompts must be a list of non-empty prompts")
         if not isinstance(deployment.get("env"), dict):
             errors.append(f"deployment {name}: env must be a mapping of variable to value")
         shared = deployment.get("shares_gpu_with")

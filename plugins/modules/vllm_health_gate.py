@@ -13,11 +13,9 @@ description:
     C(/metrics) exposes the required vLLM series.
   - C(/health) alone can pass before the model is servable, which is why the gate insists on a real completion.
   - On failure the message names the step, the last response and the container's last log lines.
+extends_documentation_fragment:
+  - onprem.vllm.vllm_server
 options:
-  url:
-    description: Base URL of the server as seen from the host.
-    type: str
-    default: http://127.0.0.1:8000
   served_model_name:
     description: The name C(/v1/models) must list and the completion uses.
     type: str
@@ -29,10 +27,6 @@ options:
     type: str
     choices: [generate, pooling]
     default: generate
-  api_key:
-    description: The server's API key; empty when the server has none.
-    type: str
-    default: ""
   container_name:
     description: Docker container to watch; a container that stops or turns unhealthy fails the gate at once.
     type: str

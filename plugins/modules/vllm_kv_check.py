@@ -14,15 +14,9 @@ description:
   - Returns the entry the deployment record keeps (C(record)). A difference beyond O(max_difference_pct) is a
     warning, never a failure (the server passed its gate and serves); a server whose metric cannot be read is a
     warning too.
+extends_documentation_fragment:
+  - onprem.vllm.vllm_server
 options:
-  url:
-    description: Base URL of the server as seen from the host.
-    type: str
-    default: http://127.0.0.1:8000
-  api_key:
-    description: The server's API key, sent in case C(/metrics) is behind it; empty when the server has none.
-    type: str
-    default: ""
   predicted:
     description: >-
       The KV plan (the result of C(onprem.vllm.kv_headroom), as gpu_preflight_result.kv_plan publishes it); empty when

