@@ -4,7 +4,8 @@ before it finished on every host, and optionally power-cut a lab host first (`do
 
 Enabled by the crash checks only (ANSIBLE_CALLBACK_PLUGINS=tests/crash/callback_plugins, ANSIBLE_CALLBACKS_ENABLED=
 crash_at). Environment:
-  ONPREM_CRASH_PLAY       count tasks from the start of the play with this name (default: the fleet rollout's batches)
+  ONPREM_CRASH_PLAY       count tasks from the start of the play with this name (default: the fleet rollout's first
+                          serving play, the deployments' canaries)
   ONPREM_CRASH_AT_INDEX   kill at the start of the play's Nth task (1-based, included tasks counted as they start)
   ONPREM_CRASH_AT_TASK    kill at the start of the first task of that play whose name holds this text
   ONPREM_CRASH_POWER_CUT  a lab host's container: `docker kill` it just before the kill (a power cut)
@@ -31,7 +32,8 @@ import subprocess
 
 from ansible.plugins.callback import CallbackBase
 
-BATCH_PLAY = "Roll the pinned vLLM servers across the fleet in health-gated batches"
+# The rollout's first play that touches a server (playbooks/rollout.yml): each deployment on its canary.
+CANARY_PLAY = "Roll each deployment on its canary first, one host at a time"
 
 
 class CallbackModule(CallbackBase):
@@ -42,7 +44,7 @@ class CallbackModule(CallbackBase):
 
     def __init__(self):
         super().__init__()
-        self.play_name = os.environ.get("ONPREM_CRASH_PLAY", BATCH_PLAY)
+        self.play_name = os.environ.get("ONPREM_CRASH_PLAY", CANARY_PLAY)
         self.at_index = int(os.environ.get("ONPREM_CRASH_AT_INDEX", "0") or 0)
         self.at_task = os.environ.get("ONPREM_CRASH_AT_TASK", "")
         self.power_cut = os.environ.get("ONPREM_CRASH_POWER_CUT", "")
@@ -58,7 +60,8 @@ class CallbackModule(CallbackBase):
                 os.fsync(handle.fileno())
 
     def v2_playbook_on_play_start(self, play):
-        # Counting goes on through the plays after the batch play: a kill there is "after the last task".
+        # Counting goes on through the plays after the canary play (the batches, the summary): a kill there is
+        # "after the last task".
         if play.get_name() == self.play_name:
             self.counting = True
 
