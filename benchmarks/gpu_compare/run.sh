@@ -3,6 +3,7 @@
 # On a borrowed GPU machine (CUDA PyTorch 2.11, no vLLM, no network), from the repository root:
 #   bash benchmarks/gpu_compare/run.sh stage   # call 1, carrying .device/gpu-compare-1: keeps vLLM's kernels in $STAGE
 #   bash benchmarks/gpu_compare/run.sh         # call 2, carrying .device/gpu-compare-2: the comparison
+#   bash benchmarks/gpu_compare/run.sh known-answers   # or, in call 2: the flags and the known-answer tolerance
 # Installs the pack (pack.sh), writes a Qwen3-shaped checkpoint (MODEL_SHAPE), starts vLLM's OpenAI server on CPUs 2-15, runs
 # benchmarks/compare_vllm_bench.py in local mode with both clients on CPUs 0-1 (further arguments go to it; the lab's
 # validated load: --output-len-range-ratio 0.5 --distinct-prompts --prompt-repeat 20). Results: $OUT
@@ -58,6 +59,15 @@ healthy || { tail -60 "$OUT/server.log"; exit 1; }
 grep -E "Available KV cache memory|GPU KV cache size|Maximum concurrency|Graph capturing finished|init engine" \
   "$OUT/server.log" || true
 set +e
+# known-answers: instead of the speed comparison, vLLM's own `vllm serve --help=all` (the flags of this release, a
+# fixture) and the known-answer gate's tolerance measured on this GPU (benchmarks/known_answers_variance.py).
+if [ "${1:-}" = known-answers ]; then
+  python3 -c 'import sys; from vllm.entrypoints.cli.main import main; sys.argv = ["vllm", "serve", "--help=all"]; main()' \
+    > "$OUT/vllm-$(python3 -c 'import vllm; print(vllm.__version__)')-serve-help-all.txt" 2>&1
+  python3 benchmarks/known_answers_variance.py --url http://127.0.0.1:8000 --model qwen3-gpu \
+    --clients "${CLIENTS:-16}" --rounds "${ROUNDS:-5}" --out "$OUT/known-answers-variance.json"
+  exit $?
+fi
 python3 benchmarks/compare_vllm_bench.py --base-url http://127.0.0.1:8000 --model "$MODEL" \
   --served-model-name qwen3-gpu --vllm-python python3 --client-cpus 0-1 --waves "${WAVES:-8}" \
   --rounds "${ROUNDS:-3}" --concurrency "${CONCURRENCY:-1,4,8,16,32}" --json "$OUT/compare.json" "$@" \

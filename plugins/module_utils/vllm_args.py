@@ -13,6 +13,7 @@ from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import (
     PlanInputError,
     parse_kv_cache_memory,
 )
+from ansible_collections.onprem.vllm.plugins.module_utils.vllm_flags import RELEASES
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_secret_args import key_flags
 
 # Request logging: 0.10 turned it off by default (`--enable-log-requests` turns it on); `--disable-log-requests`
@@ -26,6 +27,36 @@ RUNNER_FLAG_FROM = (0, 10, 1)
 BOOLEAN_OPTIONAL_FLAGS = (0, 8, 0)
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+# Flags vLLM dropped: the release that removed each, and what to do instead (vLLM's release notes).
+REPLACED_FLAGS = {
+    "--disable-log-requests": ((0, 20, 0), "request logging is off by default since 0.10: drop it "
+                                           "(--enable-log-requests turns it on)"),
+}
+
+
+def unknown_flag_errors(extra_args, version: tuple[int, int, int]) -> list[str]:
+    """The flags of extra_args that the pinned release's `vllm serve` does not have, each with what to do: those
+    REPLACED_FLAGS says it dropped, and for a release with a capture (plugins/module_utils/vllm_flags.py) any other
+    flag it lacks."""
+    release = RELEASES.get(tuple(version))
+    errors = []
+    for arg in extra_args:
+        text = str(arg)
+        if not text.startswith("--"):
+            continue
+        flag = text.split("=", 1)[0].replace("_", "-")  # vLLM's parser reads --max_model_len as --max-model-len
+        removed_in, instead = REPLACED_FLAGS.get(flag, (None, ""))
+        if removed_in is not None and tuple(version) >= removed_in:
+            hint = "removed in %s; %s" % (".".join(map(str, removed_in)), instead)
+        elif release is None or flag in release["flags"]:
+            continue
+        else:
+            had = [".".join(map(str, v)) for v, data in sorted(RELEASES.items()) if flag in data["flags"]]
+            hint = ("vLLM %s had it: drop it or find its successor in the release notes" % ", ".join(had) if had
+                    else "check its spelling in `vllm serve --help=all`")
+        errors.append("vllm_server_extra_args has %s, which vLLM %s's `vllm serve` does not have (%s)"
+                      % (flag, ".".join(map(str, version)), hint))
+    return errors
 
 
 class VllmArgsError(ValueError):
@@ -131,10 +162,10 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
     if parsed < REQUEST_LOGGING_OFF_BY_DEFAULT:
         args.append("--disable-log-requests")
     extra = list(settings.get("extra_args") or [])
-    if "--disable-log-requests" in extra and parsed >= (0, 20, 0):
-        raise VllmArgsError("extra_args has --disable-log-requests, which vLLM removed in 0.20 (request logging is "
-                            "off by default; drop the flag)")
     if key_flags(extra):
         raise VllmArgsError(f"extra_args must not carry the API key flag ({', '.join(key_flags(extra))}): process "
                             "arguments are visible to every user of the host; set vllm_server_api_key (from Vault)")
+    unknown = unknown_flag_errors(extra, parsed)
+    if unknown:
+        raise VllmArgsError("; ".join(unknown))
     return args + [str(arg) for arg in extra]

@@ -44,6 +44,7 @@ CASES = {
     "key_flag_underscore": {"vllm_server_extra_args": ["--api_key", "sec-value"]},
     "key_flag_joined": {"vllm_server_extra_args": ["--api_key=sec-value"]},
     "key_in_env": {"vllm_server_env": {"VLLM_API_KEY": "sec-value"}},
+    "dropped_flag": {"case_steps": ["validate.yml"], "vllm_server_extra_args": ["--max-num-partial-prefills", "2"]},
     "port_in_use": {},  # the port: a listener the fixture holds during the run
     "revision_not_cached": {"vllm_server_model_revision": "d77141a471636dda364651d872c8e1075b8947d5"},
     "image_missing": {},
@@ -123,6 +124,11 @@ def test_tensor_parallel_larger_than_the_gpus_assigned(checks):
 def test_api_key_on_the_command_line_is_refused(case, flag, checks):
     message = checks[0][case]
     assert f"vllm_server_extra_args carries the API key flag ({flag})" in message and "sec-value" not in message
+
+
+def test_a_flag_the_pinned_release_dropped_is_refused_naming_the_release_that_had_it(checks):
+    assert ("vllm_server_extra_args has --max-num-partial-prefills, which vLLM 0.32.0's `vllm serve` does not have "
+            "(vLLM 0.26.0 had it" in checks[0]["dropped_flag"])
 
 
 def test_api_key_in_the_environment_is_refused(checks):
