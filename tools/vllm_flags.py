@@ -31,6 +31,7 @@ def parse_help(text: str) -> dict:
         spellings = re.findall(r"(--[a-z0-9][a-z0-9-]*)", match.group(1).split("  ")[0])
         flags.update(spellings)
         if "--gpu-memory-utilization" in spellings:
+            # 0.34 has no single default (1.0 with its extensible KV cache, 0.92 otherwise): None.
             found = _UTILIZATION_RE.search(" ".join(lines[index:index + 8]))
             utilization = float(found.group(1)) if found else None
     return {"flags": flags, "utilization_default": utilization}

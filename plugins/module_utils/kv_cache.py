@@ -46,6 +46,9 @@ NON_TORCH_BYTES_BY_TP = {1: int(0.35 * GIB), 2: int(0.45 * GIB), 4: int(0.9 * GI
 CUDAGRAPH_ESTIMATE_BYTES = int(0.6 * GIB)
 CUDAGRAPH_IN_BUDGET_FROM = (0, 21, 0)
 UTILIZATION_092_FROM = (0, 20, 0)
+# The extensible KV cache (sized from measured memory; default on CUDA and ROCm) and its utilization default of 1.0:
+# vLLM 0.34.0's `vllm serve --help` (tests/fixtures/vllm-help); 0.32.0's still says 0.92.
+EXTENSIBLE_KV_CACHE_FROM = (0, 34, 0)
 # vLLM pads/refines FP8 weight blocks for MoE shards from this version (reference §2: seen in 0.33; the first
 # release with it is unverified, so earlier versions are treated as failing).
 BLOCK_FP8_PADDING_FROM = (0, 33, 0)
@@ -123,6 +126,13 @@ def parse_version(text: str) -> tuple:
 
 
 def default_gpu_memory_utilization(version: tuple) -> float:
+    """The utilization vLLM uses when none is given (each captured release's `--help`: docs/vllm_releases.md)."""
+    if tuple(version) >= EXTENSIBLE_KV_CACHE_FROM:
+        raise PlanInputError(
+            "vLLM %s sizes its KV cache from measured memory when gpu_memory_utilization is unset (its extensible KV "
+            "cache, the default on CUDA: `vllm serve --help` says 1.0 then, 0.92 otherwise), which this planner does "
+            "not predict: set onprem_vllm_gpu_memory_utilization (e.g. 0.92) or kv_cache_memory for it"
+            % ".".join(map(str, version)))
     return 0.92 if version >= UTILIZATION_092_FROM else 0.9
 
 

@@ -25,6 +25,9 @@ RUNNER_FLAG_FROM = (0, 10, 1)
 # BooleanOptionalAction (`--no-enable-prefix-caching`) arrived with the V1 engine's defaults (prefix caching and
 # chunked prefill on by default).
 BOOLEAN_OPTIONAL_FLAGS = (0, 8, 0)
+# 0.34 spells the negation of --enable-X as --disable-X (and of --disable-X as --enable-X): --no-enable-prefix-caching
+# is gone (its `vllm serve --help=all`, tests/fixtures/vllm-help).
+ENABLE_DISABLE_NEGATION_FROM = (0, 34, 0)
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 # Flags vLLM dropped: the release that removed each, and what to do instead (vLLM's release notes).
@@ -46,9 +49,11 @@ def unknown_flag_errors(extra_args, version: tuple[int, int, int]) -> list[str]:
             continue
         flag = text.split("=", 1)[0].replace("_", "-")  # vLLM's parser reads --max_model_len as --max-model-len
         removed_in, instead = REPLACED_FLAGS.get(flag, (None, ""))
+        if release is not None and flag in release["flags"]:
+            continue
         if removed_in is not None and tuple(version) >= removed_in:
             hint = "removed in %s; %s" % (".".join(map(str, removed_in)), instead)
-        elif release is None or flag in release["flags"]:
+        elif release is None:
             continue
         else:
             had = [".".join(map(str, v)) for v, data in sorted(RELEASES.items()) if flag in data["flags"]]
@@ -76,6 +81,11 @@ def _bool_flag(name: str, value: bool | None, version: tuple[int, int, int]) -> 
         return []
     if value:
         return [f"--{name}"]
+    if version >= ENABLE_DISABLE_NEGATION_FROM:
+        if name.startswith("enable-"):
+            return ["--disable-" + name[len("enable-"):]]
+        if name.startswith("disable-"):
+            return ["--enable-" + name[len("disable-"):]]
     if version >= BOOLEAN_OPTIONAL_FLAGS:
         return [f"--no-{name}"]
     return []  # older releases: off is the default and has no flag

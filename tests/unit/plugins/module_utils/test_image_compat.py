@@ -8,13 +8,18 @@ from ansible_collections.onprem.vllm.plugins.module_utils import image_compat as
 
 
 @pytest.mark.parametrize("tag, cuda", [
-    ("v0.32.0", (13, 0)), ("v0.20.0", (13, 0)), ("0.26.0", (13, 0)),
+    ("v0.32.0", (13, 0)), ("v0.34.0", (13, 0)), ("v0.20.0", (13, 0)), ("0.26.0", (13, 0)),
     ("v0.32.0-cu129", (12, 9)), ("v0.20.2-cu129", (12, 9)), ("v0.21.0-cu130", (13, 0)), ("v0.18.0-cu128", (12, 8)),
     ("v0.19.1", (12, 8)), ("v0.11.0", (12, 8)),
     ("v0.32.0-lab2", (13, 0)),  # a local suffix that names no CUDA keeps the release's default
 ])
 def test_cuda_from_the_tag(tag, cuda):
     assert ic.image_cuda(tag)[0] == cuda
+
+
+def test_the_newest_release_needs_r580():
+    """v0.34.0, unsuffixed, is a CUDA 13.0 build (the default since 0.20): driver 580.65.06 or later."""
+    assert ic.min_driver(ic.image_cuda("v0.34.0")[0]) == (580, "580.65.06")
 
 
 def test_override_wins_and_is_validated():

@@ -1,6 +1,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The renderer against each supported release's real `vllm serve --help=all` (tests/fixtures/vllm-help: 0.26.0
-captured on an H200 from the vLLM wheel, 0.32.0 from the lab's CPU image): every plan setting renders to flags that
+captured on an H200 from the vLLM wheel, 0.32.0 from the lab's CPU image, 0.34.0 from the release's source as its
+SOURCE.md says): every plan setting renders to flags that
 release has, the utilization the planner assumes is the release's default, and extra_args flags a release does not
 have are refused with what to do."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 
 import pytest
 
-from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import default_gpu_memory_utilization
+from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import PlanInputError, default_gpu_memory_utilization
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_args import VllmArgsError, render_serve_args
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_flags import RELEASES
 
@@ -55,7 +56,19 @@ def test_every_plan_setting_renders_to_flags_the_release_has(version, runner, bo
 
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: ".".join(map(str, v)))
 def test_the_planner_s_default_utilization_is_the_release_s(version):
-    assert default_gpu_memory_utilization(version) == RELEASES[version]["utilization_default"]
+    """A release whose --help states one default: the planner assumes it. 0.34.0 states none (1.0 with its
+    extensible KV cache, 0.92 otherwise): the planner assumes nothing and asks for the setting."""
+    if RELEASES[version]["utilization_default"] is None:
+        with pytest.raises(PlanInputError, match="set onprem_vllm_gpu_memory_utilization"):
+            default_gpu_memory_utilization(version)
+    else:
+        assert default_gpu_memory_utilization(version) == RELEASES[version]["utilization_default"]
+
+
+def test_0_34_spells_a_switched_off_default_as_disable():
+    args = render_serve_args(every_setting("generate", False), "v0.34.0")
+    assert "--disable-prefix-caching" in args and "--disable-chunked-prefill" in args
+    assert "--no-enable-prefix-caching" in render_serve_args(every_setting("generate", False), "v0.32.0")
 
 
 def test_extra_args_flags_the_release_does_not_have_are_refused_with_what_to_do():
@@ -69,5 +82,7 @@ def test_extra_args_flags_the_release_does_not_have_are_refused_with_what_to_do(
         render_serve_args(dict(base, extra_args=["--disable-log-requests"]), "v0.26.0")
     # vLLM's own parser takes underscores and --flag=value.
     assert render_serve_args(dict(base, extra_args=["--max_logprobs=40"]), "v0.32.0")[-1] == "--max_logprobs=40"
+    # 0.34 has --disable-log-requests again (the negation of --enable-log-requests): its capture decides.
+    assert render_serve_args(dict(base, extra_args=["--disable-log-requests"]), "v0.34.0")[-1] == "--disable-log-requests"
     # A release without a capture: its flags are not known here, nothing is refused.
-    assert render_serve_args(dict(base, extra_args=["--max-model-lenn", "1"]), "v0.34.0")[-2:] == ["--max-model-lenn", "1"]
+    assert render_serve_args(dict(base, extra_args=["--max-model-lenn", "1"]), "v0.35.0")[-2:] == ["--max-model-lenn", "1"]
