@@ -22,7 +22,6 @@ import os
 import tempfile
 
 MODE = 0o600
-KINDS = ("current", "previous", "marker")
 # What a rollback restores: the keys vllm_server's prepare.yml puts in every record.
 ROLLBACK_KEYS = ("image", "model", "model_revision", "served_model_name", "version", "args", "env", "gpu_uuids")
 
