@@ -91,10 +91,11 @@ def sh(cmd, env=None, stdin=None, timeout=900):
 
 
 def api_key(host):
-    line = sh(["docker", "exec", host, "cat", "/etc/onprem-vllm/vllm.env"]).strip()
-    if not line.startswith("VLLM_API_KEY="):
-        sys.exit("no VLLM_API_KEY in %s:/etc/onprem-vllm/vllm.env: deploy the lab first (make site)" % host)
-    return line.split("=", 1)[1]
+    """A key the server accepts: its key file holds one per line (two during a rotation), each accepted."""
+    keys = sh(["docker", "exec", host, "cat", "/etc/onprem-vllm/vllm.api-key"]).split()
+    if not keys:
+        sys.exit("no key in %s:/etc/onprem-vllm/vllm.api-key: deploy the lab first (make site)" % host)
+    return keys[0]
 
 
 def cpu_split(count):

@@ -13,7 +13,7 @@ export PATH=$PWD/.venv/bin:$PATH
 scenarios=(${MOLECULE_SCENARIOS:?the Makefile names the scenarios: run make test})
 declare -A budget=([venv]=600 [lint]=300 [sanity]=420 [unit]=600 [lab-artifacts]=1200 [unit-lab-share]=300
                    [molecule-default]=600 [molecule-gpu_stack]=900 [molecule-gpu_workstation]=1200
-                   [molecule-vllm_server]=1200 [molecule-fleet]=3600)
+                   [molecule-vllm_server]=1200 [molecule-fleet]=4500)
 t0=$(date +%s)
 summary=()
 run() {  # run STAGE COMMAND...: one timed stage, its time kept for the summary
@@ -97,8 +97,8 @@ start_background unit-lab-share env ONPREM_VLLM_REQUIRE_LAB_SHARE=1 pytest tests
 lab_share_units=$background_pid
 trap 'kill $lab_share_units 2>/dev/null' EXIT
 
-# A group of scenarios joined by '+' runs at once: none measures speed (the scenarios whose gates benchmark a server
-# run alone).
+# A group of scenarios joined by '+' runs at once: no speed threshold decides a scenario (the benchmark gates' limits
+# in the tests are out of noise's reach, or fail a structural slowdown), so they may share the cores.
 for i in "${!scenarios[@]}"; do
   run_group "${scenarios[$i]}" || status=1
   if ((i == 0)); then collect unit-lab-share $lab_share_units || status=1; trap - EXIT; fi

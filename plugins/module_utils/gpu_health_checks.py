@@ -59,8 +59,6 @@ XID_TABLE = {
     154: ("block", "GPU recovery action changed (reset or reboot required)"),
 }
 
-SEVERITY_ORDER = {"info": 0, "warn": 1, "block": 2}
-
 # "NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 # older drivers: "NVRM: Xid (0000:01:00): 13, Graphics Exception: ..."
 # Public reports often redact the bus id ("NVRM: Xid (PCI:...): 79, ..."): whatever is in the parentheses, the line

@@ -20,7 +20,6 @@ import re
 import xml.etree.ElementTree as ET
 
 LINK_TYPES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
-P2P_STATUSES = ("OK", "CNS", "GNS", "TNS", "NS", "DR", "U")
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _GPU_LABEL_RE = re.compile(r"^GPU(\d+)$")

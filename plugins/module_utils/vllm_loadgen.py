@@ -22,9 +22,7 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-DEFAULT_CONCURRENCY = (1, 4, 8, 16, 32)
 MAX_CONCURRENCY = 1024
-MAX_REQUESTS = 100000
 
 
 class LoadgenError(Exception):

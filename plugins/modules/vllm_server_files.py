@@ -80,7 +80,7 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: The server's directories, API key file and middleware, and the env file of an earlier release removed
+- name: The server's directories, API key file and middleware, and a file it no longer uses removed
   onprem.vllm.vllm_server_files:
     directories:
       - {path: /etc/onprem-vllm, mode: "0700"}
@@ -88,7 +88,7 @@ EXAMPLES = r"""
     files:
       - {path: /etc/onprem-vllm/vllm.api-key, content: "{{ vllm_server_api_key }}\n", mode: "0600"}
       - {path: /etc/onprem-vllm/middleware/onprem_vllm_auth.py, content: "{{ middleware_source }}", mode: "0644"}
-    absent: [/etc/onprem-vllm/vllm.env]
+    absent: [/etc/onprem-vllm/other.api-key]
     owner: root
     group: root
   register: server_files

@@ -60,7 +60,9 @@ exit 0
 """
 
 RUNTIME = """#!/bin/sh
-# TEST DOUBLE of nvidia-container-runtime (onprem.vllm molecule gpu_workstation): runc under NVIDIA's name.
+# TEST DOUBLE of nvidia-container-runtime (onprem.vllm molecule gpu_workstation): runc under NVIDIA's name. Its stdout
+# belongs to the runtime protocol: it says what it is in a log, as the hook does.
+echo "$(date +%s) TEST DOUBLE nvidia-container-runtime $*" >> /var/log/test-double-nvidia-runtime.log
 exec runc "$@"
 """
 

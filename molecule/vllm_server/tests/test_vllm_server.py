@@ -48,7 +48,6 @@ def test_host_ipc_offline_hub_and_cpu_kv_space(container):
 def test_secret_files_are_private(host):
     assert host.file("/etc/onprem-vllm").mode == 0o700
     assert host.file("/etc/onprem-vllm/vllm.api-key").mode == 0o600
-    assert not host.file("/etc/onprem-vllm/vllm.env").exists  # earlier releases' env file held the key
     assert host.file("/etc/onprem-vllm/vllm.deployment.json").mode == 0o600
 
 

@@ -6,7 +6,6 @@ import importlib.util
 import math
 import os
 import statistics
-import time
 
 import pytest
 
@@ -248,14 +247,6 @@ def test_bad_input_names_the_field(field, value, match):
 def test_gpu_memory_required_on_cuda():
     with pytest.raises(kc.PlanInputError, match="gpu_memory_bytes is required"):
         run("Qwen3-8B")
-
-
-def test_one_evaluation_is_fast():
-    model = shape("Qwen3-30B-A3B-FP8")
-    start = time.perf_counter()
-    for _run in range(200):
-        kc.plan(kc.PlanRequest(shape=model, gpu_memory_bytes=24 * GIB, tensor_parallel_size=4, vllm_version="0.11.0"))
-    assert (time.perf_counter() - start) / 200 < 0.020
 
 
 # --- the lab's real startup log --------------------------------------------------------------------------------
