@@ -71,7 +71,7 @@ unit: venv
 # The scenarios of the test command, in order; scenarios joined by '+' run at once in `make test` (tools/test.sh runs
 # each as a timed stage). `make molecule` runs them one by one without the other stages, `make test-fleet` the
 # fleet scenario (3 workstations + a gateway under a prober, monitored) alone.
-export MOLECULE_SCENARIOS := default+gpu_stack+gpu_workstation+vllm_server fleet
+export MOLECULE_SCENARIOS := default+gpu_stack+gpu_workstation vllm_server fleet
 molecule: venv lab-artifacts
 	for scenario in $(subst +, ,$(MOLECULE_SCENARIOS)); do tools/timed.sh molecule-$$scenario molecule test -s $$scenario || exit 1; done
 

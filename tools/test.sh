@@ -97,8 +97,8 @@ start_background unit-lab-share env ONPREM_VLLM_REQUIRE_LAB_SHARE=1 pytest tests
 lab_share_units=$background_pid
 trap 'kill $lab_share_units 2>/dev/null' EXIT
 
-# A group of scenarios joined by '+' runs at once: no speed threshold decides a scenario (the benchmark gates' limits
-# in the tests are out of noise's reach, or fail a structural slowdown), so they may share the cores.
+# A group of scenarios joined by '+' runs at once (no speed limit decides a scenario). vllm_server cannot join the
+# first group: its hosts have default's names (molecule-ws1, molecule-ws2).
 for i in "${!scenarios[@]}"; do
   run_group "${scenarios[$i]}" || status=1
   if ((i == 0)); then collect unit-lab-share $lab_share_units || status=1; trap - EXIT; fi
