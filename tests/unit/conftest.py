@@ -10,6 +10,7 @@
 - call_module: a module's main() in this process, for modules whose inputs are all arguments;
 - fake_host: a /proc + /sys tree of a host (PCI devices, loaded driver, kernel modules, Secure Boot);
 - fake_clock: a clock whose sleep() only moves it on;
+- asgi_call: one request through an ASGI app (a middleware the roles mount), the messages it sent back;
 - fake_vllm: an OpenAI-compatible server on 127.0.0.1 that streams completions (SSE) as vLLM does;
 - vllm_endpoints: vLLM's health, models, completion and (recorded) metrics endpoints on 127.0.0.1;
 - haproxy_socket: a unix socket that speaks HAProxy's runtime API (`show stat`, `set server ...`);
@@ -260,6 +261,26 @@ class FakeClock:
 @pytest.fixture
 def fake_clock():
     return FakeClock()
+
+
+def _asgi_call(app, path, method="GET", headers=(), kind="http", root_path=""):
+    scope = {"type": kind, "method": method, "path": path, "root_path": root_path,
+             "headers": [(b"host", b"x")] + [(name.lower().encode(), value.encode()) for name, value in headers]}
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+@pytest.fixture
+def asgi_call():
+    return _asgi_call
 
 
 class FakeVllm:

@@ -10,7 +10,10 @@ without a key stops the server at startup instead of serving unguarded.
 
 While the host's drain flag exists (ONPREM_VLLM_DRAIN_FILE; files/onprem_vllm_drain.py writes it when the host shuts
 down), GET /health answers 503: the gateways' health checks take the host out of rotation while the requests it
-already has finish, before vLLM itself is stopped.
+already has finish, before vLLM itself is stopped. A gateway's check says who it is and after how many failed checks
+it stops sending (`X-Onprem-Check: <gateway>;fall=<n>`), and GET /onprem/drain (open: counts and gateway names only)
+tells the drain how many checks each gateway has had refused and how many requests the server is answering, so the
+drain waits for the gateways' own verdict instead of a guessed time.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import hashlib
 import hmac
 import json
 import os
+import re
+import time
 
 KEY_FILE_ENV = "ONPREM_VLLM_API_KEY_FILE"
 DRAIN_FILE_ENV = "ONPREM_VLLM_DRAIN_FILE"
@@ -25,6 +30,11 @@ DEFAULT_KEY_FILE = "/run/secrets/onprem-vllm-api-key"
 # Liveness, readiness and Prometheus: no inference, no tokenizer, no prompt. Exact paths, GET/HEAD only.
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/metrics/"})
 OPEN_METHODS = frozenset({"GET", "HEAD"})
+DRAIN_STATUS_PATH = "/onprem/drain"
+CHECK_HEADER = b"x-onprem-check"
+CHECK_VALUE = re.compile(rb"^([A-Za-z0-9_.-]{1,64});fall=([0-9]{1,3})$")
+# Anyone who reaches the port can send the header: a bounded table.
+MAX_CHECKERS = 64
 _UNAUTHORIZED = json.dumps({"error": {"message": "missing or wrong API key", "type": "invalid_request_error",
                                       "code": 401}}).encode()
 _DRAINING = json.dumps({"status": "draining: the host is shutting down"}).encode()
@@ -42,6 +52,10 @@ class BearerKeyMiddleware:
     def __init__(self, app, key_file: str | None = None, drain_file: str | None = None) -> None:
         self.app = app
         self.drain_file = drain_file or os.environ.get(DRAIN_FILE_ENV, "")
+        # Requests past the guard and not answered yet (streams until their last chunk), and, while the host drains,
+        # {gateway: [checks refused, the gateway's fall, when the last one came (monotonic)]}.
+        self.in_flight = 0
+        self.refused: dict[str, list[int]] = {}
         # Compare digests of equal length in constant time (as vLLM's own middleware does), against every key: the
         # time taken does not say which key matched.
         self._digests = [hashlib.sha256(key).digest()
@@ -67,16 +81,45 @@ class BearerKeyMiddleware:
             path = path[len(root_path):]
         return method in OPEN_METHODS and path in OPEN_PATHS
 
-    def draining(self, scope) -> bool:
-        return bool(self.drain_file) and scope.get("path") == "/health" and os.path.exists(self.drain_file)
+    def draining(self) -> bool:
+        return bool(self.drain_file) and os.path.exists(self.drain_file)
+
+    def health_check(self, scope) -> bool:
+        """GET /health while the host drains: refused, and counted when a gateway's check says who it is."""
+        if not self.draining():
+            self.refused.clear()  # back in service: a later drain counts afresh
+            return False
+        for name, value in scope.get("headers") or ():
+            match = CHECK_VALUE.match(value) if name.lower() == CHECK_HEADER else None
+            if match and (match.group(1).decode() in self.refused or len(self.refused) < MAX_CHECKERS):
+                entry = self.refused.setdefault(match.group(1).decode(), [0, 0, 0.0])
+                entry[0] += 1
+                entry[1:] = [int(match.group(2)), time.monotonic()]
+        return True
+
+    def drain_status(self) -> bytes:
+        draining, now = self.draining(), time.monotonic()
+        return json.dumps({"draining": draining, "in_flight": self.in_flight,
+                           "checks": {name: {"refused": refused, "fall": fall, "idle_s": round(now - last, 1)}
+                                      for name, (refused, fall, last) in (self.refused if draining else {}).items()}
+                           }).encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)  # lifespan
-        if scope["type"] == "http" and self.draining(scope):
-            return await _reply(send, 503, _DRAINING)
-        if (scope["type"] == "http" and self.is_open(scope)) or self.authorized(scope.get("headers")):
+        if scope["type"] == "http" and scope.get("method") == "GET":
+            if scope.get("path") == "/health" and self.health_check(scope):
+                return await _reply(send, 503, _DRAINING)
+            if scope.get("path") == DRAIN_STATUS_PATH:
+                return await _reply(send, 200, self.drain_status())
+        if scope["type"] == "http" and self.is_open(scope):
             return await self.app(scope, receive, send)
+        if self.authorized(scope.get("headers")):
+            self.in_flight += 1
+            try:
+                return await self.app(scope, receive, send)
+            finally:
+                self.in_flight -= 1
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1008})
         return await _reply(send, 401, _UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])

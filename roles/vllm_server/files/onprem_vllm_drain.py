@@ -2,63 +2,80 @@
 """Take this host's vLLM servers out of the gateways' rotation before it shuts down (onprem-vllm-drain.service's
 ExecStop; standard library only, run by the host's python3).
 
-Writes the drain flag, which the servers' middleware (onprem_vllm_auth.py) turns into 503 on /health, so the
-gateways' health checks stop sending new requests. Then waits at least --min-wait seconds (the gateways' checks need
-that long to see it) and until the servers report no request running or waiting (their open /metrics), at most
---timeout seconds. Only then does the shutdown go on to stop the servers: no request is cut. `systemctl start
-onprem-vllm-drain` removes the flag (the service's ExecStart), and /run is empty after a boot anyway.
+Writes the drain flag, which the servers' middleware (onprem_vllm_auth.py) turns into 503 on /health. Then waits, at
+most --timeout seconds, until every server is out: each gateway whose health checks reached it has had as many checks
+refused as it needs to stop sending (its `fall`, which its checks state) or has stopped checking for --min-wait
+seconds, and the server answers no request. Servers report both on GET /onprem/drain. A gateway that has not checked
+yet is not known, so the wait is at least --min-wait seconds (longer than the gateways' check interval), and the
+servers must be out on two polls in a row (a request the gateway sent just before its verdict has arrived by then).
+Only then does the shutdown go on to stop the servers: no request is cut. `systemctl start onprem-vllm-drain`
+removes the flag (the service's ExecStart), and /run is empty after a boot anyway.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import sys
 import time
+import urllib.error
 import urllib.request
 
-IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+STATUS_PATH = "/onprem/drain"
 
 
-def in_flight(metrics_text: str) -> float:
-    """Requests running or waiting in one server's Prometheus text (0 when it exports neither)."""
-    return sum(float(value) for value in IN_FLIGHT.findall(metrics_text))
-
-
-def read_in_flight(url: str) -> float | None:
-    """None when the server does not answer (stopped, or not started yet): nothing to wait for there."""
+def read_status(server: str) -> dict | None:
+    """A server's drain status; None when it does not answer (stopped, or not started yet): nothing to wait for there.
+    A server whose middleware predates the status (an error answer) reports nothing: only --min-wait holds for it."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return in_flight(resp.read().decode(errors="replace"))
+        with urllib.request.urlopen(server.rstrip("/") + STATUS_PATH, timeout=5) as resp:
+            return json.loads(resp.read().decode())
+    except urllib.error.HTTPError:
+        return {}
     except (OSError, ValueError):
         return None
 
 
-def drain(flag: str, urls: list[str], min_wait: float, timeout: float, poll: float = 0.5,
-          clock=time.monotonic, sleep=time.sleep, read=read_in_flight) -> tuple[float, list]:
-    """Write the flag, then wait; returns (seconds waited, the last in-flight counts)."""
+def is_out(status: dict | None, min_wait: float) -> bool:
+    """No gateway sends this server requests any more and it answers none. A gateway that stopped checking before its
+    verdict (the server was set to maintenance there, or the gateway went away) for longer than min_wait sends none
+    either."""
+    if status is None:
+        return True
+    checks = status.get("checks", {}).values()
+    return status.get("in_flight", 0) == 0 and all(
+        check["refused"] >= check["fall"] or check.get("idle_s", 0) >= min_wait for check in checks)
+
+
+def drain(flag: str, servers: list[str], min_wait: float, timeout: float, poll: float = 0.5,
+          clock=time.monotonic, sleep=time.sleep, read=read_status) -> tuple[float, list]:
+    """Write the flag, then wait; returns (seconds waited, the last statuses)."""
     os.makedirs(os.path.dirname(flag), exist_ok=True)
     with open(flag, "w") as handle:
         handle.write("draining\n")
-    started = clock()
+    started, out_before = clock(), False
     while True:
-        counts = [read(url) for url in urls]
+        statuses = [read(server) for server in servers]
+        out = all(is_out(status, min_wait) for status in statuses)
         waited = clock() - started
-        if waited >= timeout or (waited >= min_wait and not any(counts)):
-            return waited, counts
+        if waited >= timeout or (waited >= min_wait and out and out_before):
+            return waited, statuses
+        out_before = out
         sleep(poll)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flag", required=True, help="the drain flag the servers' middleware reads")
-    parser.add_argument("--metrics", action="append", default=[], help="a server's /metrics URL (repeatable)")
+    parser.add_argument("--server", action="append", default=[],
+                        help="a server's base URL on this host, e.g. http://127.0.0.1:8000 (repeatable)")
     parser.add_argument("--min-wait", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
-    waited, counts = drain(args.flag, args.metrics, args.min_wait, args.timeout)
-    print(f"onprem-vllm-drain: out of rotation after {waited:.1f} s; requests still running or waiting: {counts}",
-          file=sys.stderr)
+    waited, statuses = drain(args.flag, args.server, args.min_wait, args.timeout)
+    # One JSON line in the journal: what each server reported last (the fleet scenario reads it after a reboot).
+    print("onprem-vllm-drain: " + json.dumps({"waited_s": round(waited, 1), "timeout": waited >= args.timeout,
+                                              "servers": dict(zip(args.server, statuses))}), file=sys.stderr)
     return 0
 
 

@@ -2,8 +2,8 @@
 """The bearer-key middleware the vllm_server role mounts into the container, driven as ASGI (no server needed)."""
 from __future__ import annotations
 
-import asyncio
 import importlib.util
+import json
 import os
 
 import pytest
@@ -22,19 +22,12 @@ async def _inner(scope, receive, send):
     await send({"type": "http.response.body", "body": b"served"})
 
 
-def call(middleware, path, method="POST", authorization=None, kind="http", root_path=""):
-    headers = [(b"host", b"x")] + ([(b"authorization", authorization.encode())] if authorization is not None else [])
-    scope = {"type": kind, "method": method, "path": path, "root_path": root_path, "headers": headers}
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": b""}
-
-    async def send(message):
-        sent.append(message)
-
-    asyncio.run(middleware(scope, receive, send))
-    return sent
+@pytest.fixture()
+def call(asgi_call):
+    def request(middleware, path, method="POST", authorization=None, kind="http", root_path="", headers=()):
+        authorization = [("authorization", authorization)] if authorization is not None else []
+        return asgi_call(middleware, path, method, [*authorization, *headers], kind, root_path)
+    return request
 
 
 @pytest.fixture()
@@ -49,39 +42,39 @@ def middleware(tmp_path):
                                   "/collective_rpc", "/sleep", "/health/", "/metrics/../v1/completions", "/"])
 @pytest.mark.parametrize("authorization", [None, "", "Bearer ", "Bearer wrong-key", "Basic " + KEY, KEY,
                                            "Bearer " + KEY + "x", "Bearer  " + KEY])
-def test_every_other_path_needs_the_key(middleware, path, authorization):
+def test_every_other_path_needs_the_key(middleware, path, authorization, call):
     sent = call(middleware, path, authorization=authorization)
     assert sent[0]["status"] == 401
     assert KEY.encode() not in sent[1]["body"]
 
 
 @pytest.mark.parametrize("path", ["/invocations", "/tokenize", "/pooling", "/v1/completions"])
-def test_the_right_key_is_served(middleware, path):
+def test_the_right_key_is_served(middleware, path, call):
     assert call(middleware, path, authorization="Bearer " + KEY)[0]["status"] == 200
     assert call(middleware, path, authorization="bearer " + KEY)[0]["status"] == 200
 
 
 @pytest.mark.parametrize("path", ["/health", "/ping", "/version", "/metrics", "/metrics/"])
-def test_probes_are_open_for_get_only(middleware, path):
+def test_probes_are_open_for_get_only(middleware, path, call):
     assert call(middleware, path, method="GET")[0]["status"] == 200
     assert call(middleware, path, method="POST")[0]["status"] == 401  # POST /ping is SageMaker's invocation alias
 
 
-def test_root_path_is_stripped(middleware):
+def test_root_path_is_stripped(middleware, call):
     assert call(middleware, "/api/health", method="GET", root_path="/api")[0]["status"] == 200
     assert call(middleware, "/api/tokenize", root_path="/api")[0]["status"] == 401
 
 
-def test_cors_preflight_passes(middleware):
+def test_cors_preflight_passes(middleware, call):
     assert call(middleware, "/v1/completions", method="OPTIONS")[0]["status"] == 200
 
 
-def test_websocket_without_key_is_closed(middleware):
+def test_websocket_without_key_is_closed(middleware, call):
     assert call(middleware, "/v1/realtime", method="GET", kind="websocket") == [{"type": "websocket.close",
                                                                                 "code": 1008}]
 
 
-def test_lifespan_passes(middleware):
+def test_lifespan_passes(middleware, call):
     assert call(middleware, "", kind="lifespan")[0]["status"] == 200
 
 
@@ -99,7 +92,7 @@ def test_a_missing_key_file_stops_the_server(tmp_path, monkeypatch):
         auth.BearerKeyMiddleware(_inner)
 
 
-def test_health_fails_while_the_host_drains_and_everything_else_serves(tmp_path):
+def test_health_fails_while_the_host_drains_and_everything_else_serves(tmp_path, call):
     """The drain flag (written when the host shuts down) fails /health only: the gateways stop sending new requests,
     the requests the server has (and any that still arrive) are served."""
     key_file, flag = tmp_path / "key", tmp_path / "draining"
@@ -115,7 +108,7 @@ def test_health_fails_while_the_host_drains_and_everything_else_serves(tmp_path)
     assert call(guard, "/health", method="GET")[0]["status"] == 200
 
 
-def test_during_a_rotation_both_keys_are_served_and_no_other(tmp_path):
+def test_during_a_rotation_both_keys_are_served_and_no_other(tmp_path, call):
     """The key file holds the current key and the rotation's other one, one per line: both pass, anything else not."""
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\nnext-key-fedcba9876543210\n")
@@ -124,3 +117,63 @@ def test_during_a_rotation_both_keys_are_served_and_no_other(tmp_path):
         assert call(guard, "/v1/models", "GET", "Bearer " + key)[0]["status"] == 200
     for wrong in ("Bearer " + KEY + "\nnext-key-fedcba9876543210", "Bearer next-key", "Bearer "):
         assert call(guard, "/v1/models", "GET", wrong)[0]["status"] == 401
+
+
+def test_the_drain_status_counts_each_gateways_refused_checks(tmp_path, call):
+    """While the host drains, /health refuses every check; a check that names its gateway and fall is counted, one
+    with a malformed header is refused but not counted. Out of the drain the counts start afresh."""
+    key_file, flag = tmp_path / "key", tmp_path / "draining"
+    key_file.write_text(KEY + "\n")
+    guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(flag))
+
+    def check(value):
+        return call(guard, "/health", method="GET", headers=[("x-onprem-check", value)])[0]["status"]
+
+    def status():
+        sent = call(guard, "/onprem/drain", method="GET")
+        assert sent[0]["status"] == 200
+        return json.loads(sent[1]["body"])
+
+    assert check("gw1;fall=2") == 200 and status() == {"draining": False, "in_flight": 0, "checks": {}}
+    flag.touch()
+    for value in ("gw1;fall=2", "gw1;fall=2", "gw2;fall=3", "gw 3;fall=2", "gw4", "gw5;fall=x"):
+        assert check(value) == 503
+    seen = status()
+    assert seen["draining"] and seen["in_flight"] == 0
+    counted = {name: (entry["refused"], entry["fall"]) for name, entry in seen["checks"].items()}
+    assert counted == {"gw1": (2, 2), "gw2": (1, 3)}
+    assert 0 <= seen["checks"]["gw1"]["idle_s"] < 5
+    flag.unlink()
+    assert check("gw1;fall=2") == 200
+    flag.touch()
+    assert status()["checks"] == {}
+
+
+def test_the_drain_status_table_is_bounded(tmp_path):
+    key_file, flag = tmp_path / "key", tmp_path / "draining"
+    key_file.write_text(KEY + "\n")
+    flag.touch()
+    guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(flag))
+    for number in range(auth.MAX_CHECKERS + 10):
+        guard.health_check({"headers": [(b"x-onprem-check", b"gw%d;fall=2" % number)]})
+    assert len(guard.refused) == auth.MAX_CHECKERS
+
+
+def test_requests_in_flight_are_counted_until_answered(middleware, call):
+    """A request past the guard counts until the app has sent its last chunk (a stream too); refused and open
+    requests do not count."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(guard.in_flight)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"chunk", "more_body": True})
+        seen.append(guard.in_flight)
+        await send({"type": "http.response.body", "body": b""})
+
+    guard = middleware
+    guard.app = app
+    call(guard, "/v1/completions", authorization="Bearer " + KEY)
+    call(guard, "/v1/completions", authorization="Bearer wrong")
+    call(guard, "/metrics", method="GET")
+    assert seen == [1, 1, 0, 0] and guard.in_flight == 0
