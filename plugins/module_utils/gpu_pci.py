@@ -1,10 +1,12 @@
 # -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""NVIDIA GPUs counted and identified from PCI sysfs, before any driver exists (the plan check).
+"""NVIDIA GPUs counted and identified from PCI sysfs, before any driver exists (the plan check); the same scan gives
+nvidia_driver_facts its GPUs and NVSwitches.
 
 Reads <sysfs_root>/bus/pci/devices/*/{vendor,device,class}: vendor 0x10de, class 0x0300xx (VGA) or 0x0302xx (3D
-controller). The device id names the card and its memory through DEVICE_TABLE; an id that is not in the table needs
-an inventory declaration (plan_check_gpu_models) or the plan check refuses it, since the KV plan needs the memory.
+controller); NVSwitches are NVIDIA bridges of class 0x0680xx. The device id names the card and its memory through
+DEVICE_TABLE; an id that is not in the table needs an inventory declaration (plan_check_gpu_models) or the plan check
+refuses it, since the KV plan needs the memory.
 
 DEVICE_TABLE sources:
 - Device ids: the PCI ID Repository (pci-ids.ucw.cz; Debian's pci.ids 2023.04.10 for 0x2204 "GA102 [GeForce RTX 3090]",
@@ -28,6 +30,7 @@ import os
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
+NVSWITCH_CLASS_PREFIX = "0x0680"
 MIB = 1024 * 1024
 
 # device id -> (model name, memory MiB)
@@ -68,6 +71,18 @@ def read_pci_devices(sysfs_root="/sys"):
     return devices
 
 
+def nvidia_gpus(devices):
+    """The NVIDIA GPUs (VGA or 3D controller class) among read_pci_devices' devices, in their order."""
+    return [dev for dev in devices
+            if dev.get("vendor") == NVIDIA_VENDOR and str(dev.get("class", "")).startswith(GPU_CLASS_PREFIXES)]
+
+
+def nvswitch_count(devices):
+    """How many NVSwitches (NVIDIA bridges, class 0x0680) are among read_pci_devices' devices."""
+    return sum(1 for dev in devices
+               if dev.get("vendor") == NVIDIA_VENDOR and str(dev.get("class", "")).startswith(NVSWITCH_CLASS_PREFIX))
+
+
 def _device_id(text):
     try:
         return int(str(text), 16)
@@ -102,9 +117,7 @@ def inventory(devices, declared=None):
     device_id, name, memory_bytes and source (table | inventory)."""
     declared_table, errors = normalize_declared(declared)
     gpus, unknown = [], []
-    for dev in devices:
-        if dev.get("vendor") != NVIDIA_VENDOR or not str(dev.get("class", "")).startswith(GPU_CLASS_PREFIXES):
-            continue
+    for dev in nvidia_gpus(devices):
         device = _device_id(dev.get("device"))
         label = "0x%04x" % device if device is not None else str(dev.get("device"))
         if device in declared_table:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import re
 
-NVIDIA_PCI_VENDOR = 0x10DE
-
 ARCH_ORDER = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
 # (first id, last id, architecture): the first matching row wins, so narrower blocks come first.

@@ -232,12 +232,12 @@ plan_errors:
   elements: str
 """
 
-import glob
 import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.onprem.vllm.plugins.module_utils import gpu_pci
 from ansible_collections.onprem.vllm.plugins.module_utils import nvidia_driver_plan as plan
 from ansible_collections.onprem.vllm.plugins.module_utils.gpu_nvml import nvswitch_host_evidence
 
@@ -251,23 +251,6 @@ def _read(path, binary=False):
             return handle.read()
     except (OSError, UnicodeDecodeError):
         return None
-
-
-def scan_pci(host_root):
-    """NVIDIA GPUs (display/3D class) and NVSwitches (bridge class 0x0680) from sysfs."""
-    gpus, switches = [], 0
-    for dev in sorted(glob.glob(os.path.join(host_root, "sys/bus/pci/devices/*"))):
-        vendor = (_read(os.path.join(dev, "vendor")) or "").strip().lower()
-        if vendor != "0x%04x" % plan.NVIDIA_PCI_VENDOR:
-            continue
-        klass = (_read(os.path.join(dev, "class")) or "").strip().lower()
-        device = (_read(os.path.join(dev, "device")) or "").strip().lower()
-        if klass.startswith("0x0300") or klass.startswith("0x0302"):
-            gpus.append({"pci": os.path.basename(dev), "device_id": device,
-                         "arch": plan.architecture_for_device_id(device)})
-        elif klass.startswith("0x0680"):
-            switches += 1
-    return gpus, switches
 
 
 def loaded_modules(host_root):
@@ -394,7 +377,10 @@ def main():
 
     loaded_version, loaded_type = plan.parse_loaded_version(_read(os.path.join(root, "proc/driver/nvidia/version")))
     modules = loaded_modules(root)
-    gpus, switches = scan_pci(root)
+    devices = gpu_pci.read_pci_devices(os.path.join(root, "sys"))
+    gpus = [{"pci": dev["address"], "device_id": dev["device"], "arch": plan.architecture_for_device_id(dev["device"])}
+            for dev in gpu_pci.nvidia_gpus(devices)]
+    switches = gpu_pci.nvswitch_count(devices)
     if not switches:
         evidence = nvswitch_host_evidence(root)
         if evidence:

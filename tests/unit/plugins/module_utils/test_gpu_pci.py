@@ -80,3 +80,13 @@ def test_bad_declarations_are_refused():
 def test_tp_zero_is_refused(sysfs):
     found = gpu_pci.inventory(gpu_pci.read_pci_devices(sysfs(DUAL_4090)))
     assert "must be at least 1" in gpu_pci.plan(found, 0)["errors"][0]
+
+
+def test_gpus_and_nvswitches_for_the_driver_facts(sysfs):
+    # NVSwitches are NVIDIA bridges (0x0680); another vendor's bridge and the GPU's audio function are neither.
+    devices = gpu_pci.read_pci_devices(sysfs(DUAL_4090 + [
+        ("0000:80:00.0", "0x10de", "0x22a3", "0x068000"), ("0000:81:00.0", "0x8086", "0x1234", "0x068000")]))
+    assert [d["address"] for d in gpu_pci.nvidia_gpus(devices)] == ["0000:01:00.0", "0000:02:00.0"]
+    assert gpu_pci.nvidia_gpus(devices)[0] == {"address": "0000:01:00.0", "vendor": "0x10de", "device": "0x2684",
+                                               "class": "0x030000"}
+    assert gpu_pci.nvswitch_count(devices) == 1
