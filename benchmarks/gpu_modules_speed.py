@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Time onprem.vllm.gpu_topology and onprem.vllm.gpu_health.
+"""Time onprem.vllm.gpu_topology_info and onprem.vllm.gpu_health_info.
 
 Usage (from the repository root):
     .venv/bin/python benchmarks/gpu_modules_speed.py [--repeat 5] [--json out.json] [--no-ansible]
@@ -33,8 +33,8 @@ FAKE = os.path.join(FIXTURES, "fake-nvidia-smi")
 H200 = os.path.join(FIXTURES, "h200-x1")
 XID_LOG = os.path.join(FIXTURES, "kernel-logs", "xid-mixed.log")
 MODULES = {
-    "gpu_topology": os.path.join(ROOT, "plugins", "modules", "gpu_topology.py"),
-    "gpu_health": os.path.join(ROOT, "plugins", "modules", "gpu_health.py"),
+    "gpu_topology_info": os.path.join(ROOT, "plugins", "modules", "gpu_topology_info.py"),
+    "gpu_health_info": os.path.join(ROOT, "plugins", "modules", "gpu_health_info.py"),
 }
 
 
@@ -103,7 +103,7 @@ def main():
     fixture_env = dict(env, FAKE_NVIDIA_SMI_CASE=H200)
     for module in MODULES:
         args = {"backend": "nvidia-smi", "nvidia_smi_path": FAKE}
-        if module == "gpu_health":
+        if module == "gpu_health_info":
             args.update(kernel_log_path=XID_LOG if os.path.exists(XID_LOG) else "/dev/null", check_acs=False)
         else:
             args["tensor_parallel_size"] = 1
@@ -112,7 +112,7 @@ def main():
         for module in MODULES:
             for backend in ("nvml", "nvidia-smi"):
                 args = {"backend": backend}
-                if module == "gpu_topology":
+                if module == "gpu_topology_info":
                     args["tensor_parallel_size"] = 1
                 cases.append(("live", module, backend, args, env))
     rows = []

@@ -327,10 +327,12 @@ def up(workstations: int, gateway: bool, subnet: str, ca_bundle: Path | None, se
         wait_for_systemd(host["name"])
     new_workstations = [host["name"] for host in created if host["role"] == "workstation"]
     if seed and new_workstations:
-        # image_store imports labctl: run as a script, this module is __main__, and one module object keeps one LabError.
-        sys.modules.setdefault("labctl", sys.modules[__name__])
-        import image_store  # pylint: disable=import-outside-toplevel
-        image_store.seed(new_workstations, image_store.serving_entry())
+        # The image store is built on this module (it imports labctl), so it runs as its own command, the one
+        # molecule's prepare_seed.yml runs, instead of being imported back here. Flushed first: our lines come first.
+        sys.stdout.flush()
+        argv = [sys.executable, str(LAB_DIR / "image_store.py"), "seed", *new_workstations]
+        if subprocess.run(argv, check=False).returncode != 0:
+            raise LabError(f"seeding {', '.join(new_workstations)} failed: see image_store's message above")
     extra = sorted(set(existing) - {host["name"] for host in plan})
     if extra:
         print(f"note: lab hosts outside this plan are left as they are: {', '.join(extra)} (`labctl.py down` removes "

@@ -2,7 +2,7 @@
 """A deployment's records on its host: where they live, how they are read and written, what a rollback takes from them.
 
 The only code that knows these files (vllm_server's deploy and reconcile write them through the module
-vllm_deployment_record; vllm_host_state reads them for the role, rollback.yml and benchmark.yml). In the server's
+vllm_deployment_record; vllm_host_info reads them for the role, rollback.yml and benchmark.yml). In the server's
 config directory, for its container NAME:
 
 - NAME.deployment.json: the deployment that runs and last passed its gate;

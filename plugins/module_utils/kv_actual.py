@@ -10,7 +10,7 @@ pinned pool ('None' when vLLM sized it). vLLM 0.32 also exports the startup log'
 tokens, Maximum concurrency for L tokens per request: X") as `kv_cache_size_tokens` and `kv_cache_max_concurrency`;
 older servers get them computed from the blocks with vLLM's formula. The CPU backend picks 128-token blocks (the
 plan counts 16-token ones), so tokens and concurrency are compared, not block counts.
-Used by the vllm_kv_check module after the health gate and by benchmarks/kv_accuracy.py --fleet.
+Used by the vllm_kv_cache_info module after the health gate and by benchmarks/kv_accuracy.py --fleet.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ description:
   - Checks the plan needs no more GPUs than the bus shows (O(tensor_parallel_size) x O(pipeline_parallel_size)) and
     returns the smallest GPU's memory for the KV plan. Refusals are in RV(errors), each saying what to change;
     O(fail_on_misfit) fails the task with them.
-  - Needs no NVIDIA driver, no nvidia-smi and no NVML; the full GPU preflight (gpu_topology, gpu_health) measures
+  - Needs no NVIDIA driver, no nvidia-smi and no NVML; the full GPU preflight (gpu_topology_info, gpu_health_info) measures
     the exact memory, topology and health once the driver is in.
 options:
   sysfs_root:

@@ -52,7 +52,7 @@ options:
     type: int
   gpu_topology:
     description:
-      - Facts returned by C(onprem.vllm.gpu_topology) (a dict with a C(gpus) list, or the list itself); used for
+      - Facts returned by C(onprem.vllm.gpu_topology_info) (a dict with a C(gpus) list, or the list itself); used for
         O(gpu_memory_bytes) and the GPU name when those are not given.
     type: raw
   gpu_indices:
@@ -146,7 +146,7 @@ notes:
   - The non-KV memory (activation peak, non-torch memory, CUDA-graph estimate) is estimated from constants fitted on
     public vLLM startup logs; see C(docs/kv_headroom.md) for the measured accuracy.
 seealso:
-  - module: onprem.vllm.gpu_topology
+  - module: onprem.vllm.gpu_topology_info
 """
 
 EXAMPLES = r"""
@@ -286,7 +286,7 @@ def gpu_from_topology(topology, indices):
     """(memory bytes CUDA will report, name) of the smallest selected GPU in gpu_topology facts."""
     gpus = topology.get("gpus") if isinstance(topology, dict) else topology
     if not isinstance(gpus, list) or not gpus:
-        raise PlanInputError("gpu_topology has no gpus list: pass the facts returned by onprem.vllm.gpu_topology "
+        raise PlanInputError("gpu_topology has no gpus list: pass the facts returned by onprem.vllm.gpu_topology_info "
                              "or set gpu_memory_bytes")
     chosen = [g for g in gpus if isinstance(g, dict) and (not indices or g.get("index") in indices)]
     sizes = []

@@ -18,7 +18,7 @@ description:
     previous one, then O(record) (else the marker's new record) as the current one. Without a marker only O(record).
   - O(state=finished) removes the marker.
   - Each file is written whole (mode 0600, a temporary file renamed over it) and only where it differs.
-  - C(onprem.vllm.vllm_host_state)'s O(onprem.vllm.vllm_host_state#module:deployment_records) reads the files.
+  - C(onprem.vllm.vllm_host_info)'s O(onprem.vllm.vllm_host_info#module:deployment_records) reads the files.
 options:
   config_dir:
     description: The server's config directory (vllm_server_config_dir); it must exist.

@@ -25,10 +25,10 @@ run host.txt bash -c 'cat /proc/cmdline; ls /sys/class/iommu; ls /dev | grep -i 
 ngpu=$(nvidia-smi -L | grep -c '^GPU ')
 : >"$cap/facts.jsonl"
 for backend in nvml nvidia-smi; do
-  python3 tests/device/run_module.py gpu_health "{\"backend\": \"$backend\"}" >>"$cap/facts.jsonl"
-  python3 tests/device/run_module.py gpu_topology "{\"backend\": \"$backend\"}" >>"$cap/facts.jsonl"
+  python3 tests/device/run_module.py gpu_health_info "{\"backend\": \"$backend\"}" >>"$cap/facts.jsonl"
+  python3 tests/device/run_module.py gpu_topology_info "{\"backend\": \"$backend\"}" >>"$cap/facts.jsonl"
   for tp in $(seq 1 $((ngpu + 1))); do
-    python3 tests/device/run_module.py gpu_topology "{\"backend\": \"$backend\", \"tensor_parallel_size\": $tp}" >>"$cap/facts.jsonl"
+    python3 tests/device/run_module.py gpu_topology_info "{\"backend\": \"$backend\", \"tensor_parallel_size\": $tp}" >>"$cap/facts.jsonl"
   done
 done
 
@@ -43,7 +43,7 @@ import json, sys
 cap, n = sys.argv[1], int(sys.argv[2])
 for line in open(cap + "/facts.jsonl"):
     r = json.loads(line)
-    if r["_module"] == "gpu_topology" and r["_args"] == {"backend": "nvml", "tensor_parallel_size": n}:
+    if r["_module"] == "gpu_topology_info" and r["_args"] == {"backend": "nvml", "tensor_parallel_size": n}:
         print(" ".join("%s=%s" % kv for kv in sorted(((r.get("plan") or {}).get("nccl_env") or {}).items())))
 PY
 cat >/tmp/allreduce.py <<'PY'

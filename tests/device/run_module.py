@@ -2,7 +2,7 @@
 """Run one of the collection's modules as Ansible runs it (a process given its arguments as JSON) and print the
 result as one JSON line with the process's wall time: for recording what the modules return on a real GPU host.
 
-  python3 tests/device/run_module.py gpu_topology '{"backend": "nvml", "tensor_parallel_size": 2}'
+  python3 tests/device/run_module.py gpu_topology_info '{"backend": "nvml", "tensor_parallel_size": 2}'
 """
 import json
 import os

@@ -1,7 +1,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """onprem.vllm Xid monitor: new NVIDIA Xid events in the kernel log → the journal, metrics, and optionally a webhook.
 
-Run by onprem-vllm-xid-monitor.timer. The parser and the severity table are gpu_health's own
+Run by onprem-vllm-xid-monitor.timer. The parser and the severity table are gpu_health_info's own
 (plugins/module_utils/gpu_health_checks.py, installed next to this file): one Xid parser in the codebase.
 
 Sources: the kernel journal (`journalctl -k`, from a saved cursor) and any extra files given with --log-file (from a
@@ -146,7 +146,7 @@ def metrics_text(state, ok, spooled, now):
         "# HELP onprem_vllm_xid_webhook_spooled Xid alerts whose webhook post failed, waiting to be sent again.",
         "# TYPE onprem_vllm_xid_webhook_spooled gauge",
         "onprem_vllm_xid_webhook_spooled %d" % spooled,
-        "# HELP onprem_vllm_xid_events_total Xid events seen, by gpu_health's severity (xid_severity).",
+        "# HELP onprem_vllm_xid_events_total Xid events seen, by gpu_health_info's severity (xid_severity).",
         "# TYPE onprem_vllm_xid_events_total counter",
     ]
     counts = state.get("counts", {})

@@ -51,6 +51,28 @@ def test_image_tag_follows_the_recipe():
     assert labctl.image_tag(one) != labctl.image_tag(other)
 
 
+@pytest.mark.parametrize("rc", [0, 2])
+def test_up_seed_hands_only_the_new_workstations_to_the_image_store_command(rc, monkeypatch, tmp_path, capsys):
+    ran = []
+    for name in ("require_docker", "ensure_network", "build_image", "run_host", "wait_for_systemd"):
+        monkeypatch.setattr(labctl, name, lambda *args, **kw: None)
+    monkeypatch.setattr(labctl, "SHARE_DIR", tmp_path / "share")
+    # ws1 is a running lab host; ws2, ws3 and the gateway are created.
+    monkeypatch.setattr(labctl, "lab_containers", lambda: {"onprem-lab-ws1": {"State": "running"}})
+    monkeypatch.setattr(labctl, "docker", lambda *args, **kw: subprocess.CompletedProcess(args, int(
+        args[-1] != "onprem-lab-ws1")))
+
+    def run(argv, **kw):
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, rc)
+    monkeypatch.setattr(labctl.subprocess, "run", run)
+    assert labctl.main(["up", "--workstations", "3", "--gateway", "--seed", "--no-ca-bundle"]) == (0 if rc == 0 else 2)
+    assert ran == [[labctl.sys.executable, os.path.join(ROOT, "lab", "image_store.py"), "seed", "onprem-lab-ws2",
+                    "onprem-lab-ws3"]]
+    if rc:
+        assert "labctl: seeding onprem-lab-ws2, onprem-lab-ws3 failed" in capsys.readouterr().err
+
+
 @pytest.mark.needs_docker
 def test_a_foreign_container_with_a_lab_name_is_refused_and_kept(capsys):
     image = f"onprem-test/empty:{uuid.uuid4().hex[:8]}"

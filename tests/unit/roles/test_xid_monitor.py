@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Xid monitor as systemd runs it: the installed pair of files (monitor + gpu_health's parser) in one folder,
+"""The Xid monitor as systemd runs it: the installed pair of files (monitor + gpu_health_info's parser) in one folder,
 run as a process. journalctl is a stand-in on PATH (the test host's journal is not the point); the webhook is a real
 local HTTP server."""
 from __future__ import annotations

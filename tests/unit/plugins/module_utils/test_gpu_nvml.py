@@ -13,6 +13,8 @@ import pytest
 from ansible_collections.onprem.vllm.plugins.module_utils import gpu_nvml, gpu_smi
 
 FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "gpu"))
+# live-2026-11-29/facts.json keys the results by the name the module ran under there (gpu_topology_info).
+CAPTURED_AS = "gpu_topology"
 
 
 class NVMLError(Exception):
@@ -90,7 +92,7 @@ def test_single_h200_matches_live_nvml_facts(stub, tmp_path):
     facts, status, _msg, _w = gpu_nvml.collect(str(tmp_path))
     assert status == "ok"
     with open(os.path.join(FIXTURES, "h200-x1", "live-2026-11-29", "facts.json")) as handle:
-        live = json.load(handle)["gpu_topology/nvml"]
+        live = json.load(handle)[CAPTURED_AS + "/nvml"]
     got, want = facts["gpus"][0], live["gpus"][0]
     for key in want:
         if key != "numa_node":

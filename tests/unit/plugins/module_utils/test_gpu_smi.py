@@ -13,6 +13,8 @@ from ansible_collections.onprem.vllm.plugins.module_utils import gpu_smi
 
 
 FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "gpu"))
+# live-2026-11-29/facts.json keys the results by the name the module ran under there (gpu_topology_info).
+CAPTURED_AS = "gpu_topology"
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 MULTI_CASES = ("dual-5090-gns", "quad-3090-nvlink-pairs", "dgx-h100-nvswitch", "two-socket-3090-sys")
 
@@ -100,7 +102,7 @@ def test_live_capture_parses_like_the_live_modules_reported():
     live = json.loads(read("h200-x1", "live-2026-11-29/facts.json"))
     header, gpus = gpu_smi.parse_query_xml(read("h200-x1", "live-2026-11-29/nvidia-smi-q.xml"))
     topo = gpu_smi.parse_topo_matrix(read("h200-x1", "live-2026-11-29/topo-m.txt"))
-    for key in ("gpu_topology/nvml", "gpu_topology/nvidia-smi"):
+    for key in (CAPTURED_AS + "/nvml", CAPTURED_AS + "/nvidia-smi"):
         reported = live[key]
         assert reported["status"] == "ok"
         assert reported["driver_version"] == header["driver_version"]
@@ -112,7 +114,7 @@ def test_live_capture_parses_like_the_live_modules_reported():
             assert rgpu[field] == pgpu[field], (key, field)
         # nvidia-smi rounds to MiB, NVML is exact: within 1 MiB
         assert abs(rgpu["memory_reserved_bytes"] - pgpu["memory_reserved_bytes"]) < 2**20
-    assert live["gpu_topology/nvidia-smi"]["gpus"][0]["numa_node"] == topo["numa"][0] == 0
+    assert live[CAPTURED_AS + "/nvidia-smi"]["gpus"][0]["numa_node"] == topo["numa"][0] == 0
 
 
 def test_live_and_shared_capture_are_the_same_machine_kind():

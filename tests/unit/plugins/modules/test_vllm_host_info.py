@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The vllm_host_state module against this machine's real Docker engine: a real (never started) container and
+"""The vllm_host_info module against this machine's real Docker engine: a real (never started) container and
 image, a real listener, real files; each question answered in one run, the same in check mode."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from ansible_collections.onprem.vllm.plugins.modules import vllm_host_state
+from ansible_collections.onprem.vllm.plugins.modules import vllm_host_info
 
 pytestmark = pytest.mark.needs_docker
 
@@ -33,7 +33,7 @@ def docker_objects():
 
 @pytest.fixture
 def host_state(call_module):
-    return lambda **args: call_module(vllm_host_state, **args)
+    return lambda **args: call_module(vllm_host_info, **args)
 
 
 def test_containers_image_port_and_files_in_one_run(host_state, docker_objects, tmp_path):

@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Run the real gpu_health module through the ansible CLI with replayed nvidia-smi output and kernel logs."""
+"""Run the real gpu_health_info module through the ansible CLI with replayed nvidia-smi output and kernel logs."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,7 @@ def health(run_module):
     """health(case, check=False, **args): the module, the fake nvidia-smi replaying the case."""
     def run(case, check=False, **args):
         env = {"FAKE_NVIDIA_SMI_CASE": os.path.join(FIXTURES, case)} if case else None
-        return run_module("gpu_health", dict({"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}, **args), env,
+        return run_module("gpu_health_info", dict({"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}, **args), env,
                           check=check)
     return run
 
@@ -100,7 +100,7 @@ def test_iommu_and_acs_on_a_fake_host(tmp_path, health):
     assert result["acs"][0]["bridges"][0]["bdf"] == "0000:00:01.1"
     assert result["acs"][0]["bridges"][0]["flags"]["ReqRedir"] is True
     assert len(result["p2p_risks"]) == 2
-    assert result["blocking"] is False  # risks turn P2P off (gpu_topology), they do not stop the rollout
+    assert result["blocking"] is False  # risks turn P2P off (gpu_topology_info), they do not stop the rollout
 
 
 def test_passthrough_iommu_and_acs_off(tmp_path, health):

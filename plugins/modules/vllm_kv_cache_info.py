@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: vllm_kv_check
+module: vllm_kv_cache_info
 short_description: Compare the KV cache a running vLLM server allocated with the plan's prediction
 version_added: 0.1.0
 author: onprem.vllm developers (@onprem)
@@ -42,7 +42,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Record the KV cache vLLM allocated against the plan
-  onprem.vllm.vllm_kv_check:
+  onprem.vllm.vllm_kv_cache_info:
     url: http://127.0.0.1:8000
     predicted: "{{ gpu_preflight_result.kv_plan }}"
     max_difference_pct: 5

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpu_health
+module: gpu_health_info
 short_description: Check what breaks GPU serving before a rollout - Xid events, ECC, IOMMU, PCIe ACS, driver mismatch
 version_added: 0.1.0
 description:
-  - Read-only. Collects the GPUs through the same backends as M(onprem.vllm.gpu_topology) and checks
+  - Read-only. Collects the GPUs through the same backends as M(onprem.vllm.gpu_topology_info) and checks
     uncorrected ECC errors, pending page retirement, remapped rows and the driver's recovery action per GPU,
     an NVML C(Driver/library version mismatch) (typical after an unattended driver upgrade without reboot),
     Xid events in the kernel log (journal, dmesg, or a given file), the IOMMU mode (kernel command line and
     C(/sys/class/iommu)) and PCIe ACS control on the bridges above each GPU (sysfs config space, else C(lspci -vvv)).
   - Returns C(blocking) with C(reasons) (what must be fixed before a rollout), C(warnings_list) (worth a look),
     and C(p2p_risks) (host settings that make PCIe peer-to-peer unsafe; pass them to
-    M(onprem.vllm.gpu_topology) O(onprem.vllm.gpu_topology#module:p2p_risks)).
+    M(onprem.vllm.gpu_topology_info) O(onprem.vllm.gpu_topology_info#module:p2p_risks)).
   - The Xid severity table and its sources are documented in the module_utils file C(gpu_health_checks.py) and in
     C(docs/gpu_preflight.md).
 author:
@@ -79,17 +79,17 @@ attributes:
     description: Returns no diff; nothing changes.
     support: none
 seealso:
-  - module: onprem.vllm.gpu_topology
+  - module: onprem.vllm.gpu_topology_info
 """
 
 EXAMPLES = r"""
 - name: Check GPU health
-  onprem.vllm.gpu_health:
+  onprem.vllm.gpu_health_info:
   become: true
   register: health
 
 - name: Replay a recorded kernel log
-  onprem.vllm.gpu_health:
+  onprem.vllm.gpu_health_info:
     kernel_log_path: /tmp/kern.log
   register: health
 
@@ -387,7 +387,7 @@ def main():
     try:
         run_module(module)
     except Exception as exc:  # a clear message instead of a bare traceback
-        module.fail_json(msg="gpu_health failed unexpectedly: %s" % exc, exception=traceback.format_exc())
+        module.fail_json(msg="gpu_health_info failed unexpectedly: %s" % exc, exception=traceback.format_exc())
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpu_topology
+module: gpu_topology_info
 short_description: Report NVIDIA GPUs, their links and P2P status, and choose a GPU set for tensor parallelism
 version_added: 0.1.0
 description:
@@ -52,7 +52,7 @@ options:
   p2p_risks:
     description:
       - Host findings that make PCIe P2P unsafe even when the driver reports OK (for example PCIe ACS redirect or a
-        translating IOMMU, as returned by M(onprem.vllm.gpu_health) in C(p2p_risks)). Non-empty turns P2P off for
+        translating IOMMU, as returned by M(onprem.vllm.gpu_health_info) in C(p2p_risks)). Non-empty turns P2P off for
         PCIe-connected sets.
     type: list
     elements: str
@@ -82,16 +82,16 @@ attributes:
     description: Returns no diff; nothing changes.
     support: none
 seealso:
-  - module: onprem.vllm.gpu_health
+  - module: onprem.vllm.gpu_health_info
 """
 
 EXAMPLES = r"""
 - name: Collect GPU topology
-  onprem.vllm.gpu_topology:
+  onprem.vllm.gpu_topology_info:
   register: topo
 
 - name: Choose two GPUs for tensor parallelism, from recorded nvidia-smi output
-  onprem.vllm.gpu_topology:
+  onprem.vllm.gpu_topology_info:
     backend: nvidia-smi
     nvidia_smi_path: /opt/fixtures/fake-nvidia-smi
     tensor_parallel_size: 2
@@ -245,7 +245,7 @@ def main():
     try:
         run_module(module)
     except Exception as exc:  # a clear message instead of a bare traceback
-        module.fail_json(msg="gpu_topology failed unexpectedly: %s" % exc, exception=traceback.format_exc())
+        module.fail_json(msg="gpu_topology_info failed unexpectedly: %s" % exc, exception=traceback.format_exc())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: vllm_host_state
+module: vllm_host_info
 short_description: Read in one call what a host holds of a vLLM deployment (containers, image, port, files)
 version_added: 0.1.0
 author: onprem.vllm developers (@onprem)
@@ -71,7 +71,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Read the server's containers, the port, the in-progress marker and the cached model at once
-  onprem.vllm.vllm_host_state:
+  onprem.vllm.vllm_host_info:
     container_names: [vllm, vllm-previous]
     port: 8000
     deployment_records: {config_dir: /etc/onprem-vllm, name: vllm}
@@ -79,7 +79,7 @@ EXAMPLES = r"""
   register: host_state
 
 - name: Is the pinned image there, or can its archive be loaded?
-  onprem.vllm.vllm_host_state:
+  onprem.vllm.vllm_host_info:
     image: vllm/vllm-openai:v0.32.0
     image_archive: /srv/share/vllm-openai-v0.32.0.tar
 """

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ansible_collections.onprem.vllm.plugins.modules import vllm_kv_check
+from ansible_collections.onprem.vllm.plugins.modules import vllm_kv_cache_info
 
 PLAN = {"kv_cache_tokens": 1048576, "num_gpu_blocks": 65536, "max_concurrency": 512.0, "max_model_len": 2048,
         "available_kv_cache_bytes": 1 << 30, "kv_cache_memory_bytes": None, "fits": True}
@@ -19,7 +19,7 @@ def warnings(out):
 
 @pytest.fixture
 def call(call_module):
-    return lambda **args: call_module(vllm_kv_check, **args)
+    return lambda **args: call_module(vllm_kv_cache_info, **args)
 
 
 def test_exact_plan_is_recorded_without_warning(vllm_endpoints, call):

@@ -12,6 +12,8 @@ from ansible_collections.onprem.vllm.plugins.module_utils import gpu_select
 FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "gpu"))
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 SMI_ARGS = {"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}
+# The live captures (live-*/facts.json*) key this module's results by the name it ran under there.
+CAPTURED_AS = "gpu_topology"
 
 
 def case_env(case):
@@ -22,7 +24,7 @@ def case_env(case):
 def smi(run_module):
     """smi(case, **args): the module with the nvidia-smi backend, the fake nvidia-smi replaying the case."""
     def run(case, **extra):
-        return run_module("gpu_topology", dict(SMI_ARGS, **extra), case_env(case))
+        return run_module("gpu_topology_info", dict(SMI_ARGS, **extra), case_env(case))
     return run
 
 
@@ -41,7 +43,7 @@ def test_h200_real_output(smi):
 def test_live_capture_replays_to_the_live_facts(smi):
     """Replaying the raw outputs captured on the H200 gives what the module returned live there (nvidia-smi backend)."""
     with open(os.path.join(FIXTURES, "h200-x1", "live-2026-11-29", "facts.json")) as handle:
-        live = json.load(handle)["gpu_topology/nvidia-smi"]
+        live = json.load(handle)[CAPTURED_AS + "/nvidia-smi"]
     result = smi("h200-x1/live-2026-11-29", tensor_parallel_size=1)
     for key in ("status", "driver_version", "cuda_driver_version", "gpu_count", "gpus", "links", "nvswitch"):
         assert result[key] == live[key], key
@@ -76,7 +78,7 @@ def test_two_socket(smi):
 
 def test_check_apply_and_again_report_the_same_read_only_facts(run_module):
     args = dict(SMI_ARGS, tensor_parallel_size=2)
-    check, apply, again = (run_module("gpu_topology", args, case_env("h200-x2"), check=mode) for mode in (True, False, False))
+    check, apply, again = (run_module("gpu_topology_info", args, case_env("h200-x2"), check=mode) for mode in (True, False, False))
     for result in (check, apply, again):
         assert result["changed"] is False and not result.get("failed"), result.get("msg")
         assert result["gpu_count"] == 2 and result["plan"]["ok"]
@@ -108,7 +110,7 @@ def test_driver_failures(case, status, smi):
 
 def test_no_gpu_host_auto_backend(run_module):
     """This machine has no NVIDIA driver: auto must answer gpus=[] with a message, not fail."""
-    result = run_module("gpu_topology", {"backend": "auto"})
+    result = run_module("gpu_topology_info", {"backend": "auto"})
     if result.get("gpu_count"):
         pytest.skip("an NVIDIA GPU is present here")
     assert not result.get("failed")
@@ -116,13 +118,13 @@ def test_no_gpu_host_auto_backend(run_module):
 
 
 def test_nonexistent_smi_path(run_module):
-    result = run_module("gpu_topology", {"backend": "nvidia-smi", "nvidia_smi_path": "/nonexistent/nvidia-smi"})
+    result = run_module("gpu_topology_info", {"backend": "nvidia-smi", "nvidia_smi_path": "/nonexistent/nvidia-smi"})
     assert result["failed"] and result["msg"] == "nvidia_smi_path /nonexistent/nvidia-smi does not exist"
     assert "Traceback" not in str(result.get("exception", ""))  # ansible-core 2.21 adds a placeholder key
 
 
 def test_bad_backend_choice(run_module):
-    result = run_module("gpu_topology", {"backend": "rocm"})
+    result = run_module("gpu_topology_info", {"backend": "rocm"})
     assert result["failed"] and "backend" in result["msg"]
 
 
@@ -158,7 +160,7 @@ def test_two_h200_links_and_p2p_parse_to_nvidia_smis_matrices_and_nvmls_reading(
     say (read here by a separate, simpler reader) and what the NVML backend, which never runs nvidia-smi, read live
     on the same machine."""
     result = smi("h200-x2")
-    nvml = x2_live_results()[("gpu_topology", "nvml", None)]
+    nvml = x2_live_results()[(CAPTURED_AS, "nvml", None)]
     topo, reads, writes, nvlinks = (smi_matrix(name) for name in
                                     ("topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt", "topo-p2p-n.txt"))
     assert result["status"] == "ok" and result["gpu_count"] == 2 and sorted(result["links"]) == ["0-1"]
@@ -175,7 +177,7 @@ def test_two_h200_links_and_p2p_parse_to_nvidia_smis_matrices_and_nvmls_reading(
 def recorded_topology(backend):
     """The GPUs and links a backend read on the two-H200 machine (its live record), as gpu_select takes them."""
     if backend == "nvml":
-        live = x2_live_results()[("gpu_topology", "nvml", None)]
+        live = x2_live_results()[(CAPTURED_AS, "nvml", None)]
         return {"gpus": live["gpus"], "links": live["links"]}
     return None  # nvidia-smi: the raw capture replayed through the module
 
@@ -200,12 +202,12 @@ def test_two_h200_gpu_sets_for_each_tensor_parallel_size(backend, smi):
     assert not three["ok"] and three["msg"].startswith("tensor_parallel_size 3 needs 3 GPUs, but only the 2 GPU(s)")
     live = x2_live_results()
     for tp, got in ((1, one), (2, both), (3, three)):  # and what the module decided live there
-        assert got == live[("gpu_topology", backend, tp)]["plan"], tp
+        assert got == live[(CAPTURED_AS, backend, tp)]["plan"], tp
 
 
 def test_two_h200_capture_replays_to_the_live_facts(smi):
     """Replaying the raw outputs captured on the two-H200 machine gives what the module returned live there."""
-    live = x2_live_results()[("gpu_topology", "nvidia-smi", 2)]
+    live = x2_live_results()[(CAPTURED_AS, "nvidia-smi", 2)]
     result = smi("h200-x2", tensor_parallel_size=2)
     for key in ("status", "driver_version", "cuda_driver_version", "gpu_count", "gpus", "links", "nvswitch", "plan"):
         assert result[key] == live[key], key
