@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -131,7 +132,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         body = json.loads(raw)
         seen = {"backend": NAME, "body_length": len(raw), "model_offset": raw.find(b'"model"'),
-                "auth_ok": self.headers.get("Authorization") == "Bearer " + KEY}
+                "auth_ok": self.headers.get("Authorization") == "Bearer " + KEY,
+                "request_id": self.headers.get("X-Request-Id")}
         model = body.get("model")
         if self.path not in ROUTES:
             self.send(404, json.dumps({"error": "no such route", "backend": NAME}).encode())
@@ -247,6 +249,8 @@ results = {
     "no_key": raw("/v1/chat/completions", CHAT, key="not-a-client-key-000"),
     "canary": raw("/v1/chat/completions", CHAT, headers={"X-Onprem-Canary": os.environ["CANARY_TOKEN"]}.items()),
     "plain": raw("/v1/chat/completions", CHAT),
+    "own_request_id": raw("/v1/chat/completions", CHAT, headers={"X-Request-Id": "ide-7f3a:0001"}.items()),
+    "bad_request_id": raw("/v1/chat/completions", CHAT, headers={"X-Request-Id": "two words"}.items()),
 }
 for path in ("/tokenize", "/pooling", "/classify", "/v1/models/tiny-embed", "/v1/rerank", "/score"):
     results["path " + path] = raw(path, {"model": "tiny-embed", "prompt": "x"})
@@ -350,6 +354,7 @@ def gateway(tmp_path_factory):
                          "--entrypoint", "python3", SERVING_IMAGE, "/test/client.py", check=False)
         logs = _docker("logs", prefix + "-gw", check=False)
         assert client.returncode == 0, (client.stderr[-3000:], logs.stdout[-3000:], logs.stderr[-3000:])
+        gateway_log = logs.stdout + logs.stderr
         outcomes = json.loads(client.stdout)
         (tmp / "drain.yml").write_text(DRAIN_UNDRAIN)
         drain_rc, drain_tasks = _ansible_playbook(tmp / "hosts.yml", tmp / "drain.yml")
@@ -360,7 +365,8 @@ def gateway(tmp_path_factory):
         with urllib.request.urlopen(request, timeout=30) as answer:
             after_undrain = json.load(answer)["stand_in"]
         yield {"config": config, "outcomes": outcomes, "drain_rc": drain_rc, "drain_tasks": drain_tasks,
-               "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain}
+               "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
+               "log": gateway_log}
     finally:
         for container in containers:
             _docker("rm", "-f", container, check=False)
@@ -457,3 +463,35 @@ def test_drain_and_undrain_act_on_each_hosts_deployment_backend(gateway):
     admin_states = sorted((row[1], row[3], row[6]) for row in rows)  # backend, server, srv_admin_state
     assert admin_states == [("vllm-chat", "chat1", "0"), ("vllm-embed", "embed1", "0")]
     assert gateway["after_undrain"]["backend"] == "chat"
+
+
+UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-4[0-9a-fA-F]{3}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def _request_ids(result):
+    """The id the client got back, and the one the server received (None where the gateway answered itself)."""
+    headers = {name.lower(): value for name, value in result["headers"].items()}
+    try:
+        received = json.loads(result["body"])["stand_in"]["request_id"]
+    except (ValueError, KeyError):
+        received = None
+    return headers.get("x-request-id"), received
+
+
+def test_every_request_gets_an_id_the_client_and_the_server_see(gateway):
+    returned, received = _request_ids(gateway["outcomes"]["plain"])
+    assert UUID.match(returned) and received == returned
+    returned, received = _request_ids(gateway["outcomes"]["own_request_id"])
+    assert returned == received == "ide-7f3a:0001"  # the client's own, kept
+    returned, received = _request_ids(gateway["outcomes"]["bad_request_id"])
+    assert UUID.match(returned) and received == returned  # not a plain token: replaced
+    returned, received = _request_ids(gateway["outcomes"]["no_key"])
+    assert UUID.match(returned) and received is None  # the gateway's own answer carries one too
+
+
+def test_the_log_names_the_client_and_the_request_never_a_key(gateway):
+    lines = [line for line in gateway["log"].splitlines() if 'request_id="ide-7f3a:0001"' in line]
+    assert len(lines) == 1 and 'client="full"' in lines[0] and " 200 " in lines[0], gateway["log"][-3000:]
+    assert 'client="limited"' in gateway["log"]
+    for key in (FULL_KEY, LIMITED_KEY, SERVER_KEY):
+        assert key not in gateway["log"]
