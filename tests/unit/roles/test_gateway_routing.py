@@ -4,10 +4,11 @@ rendered by ansible-playbook (the plan of two deployments through onprem.vllm.pl
 defaults), the lab's HAProxy image running them, and the real OpenAI client (inside the serving image) calling it.
 
 Two deployments: chat (generate, served as tiny-chat and chat-alias) and embed (pooling, tiny-embed), each one stand-in
-server (a few lines of Python in the serving image, saying which backend answered and what it received); two clients,
-one limited to tiny-chat. The buffer is made small (128 KiB) to keep the too-large body cheap, still above the 64 KiB
-chat that must route with messages before model (the order older openai-python releases write; the image's 3.60.0
-writes model first, so that body goes through the client's own post()). Then the role's drain and undrain
+server (a few lines of Python in the serving image, saying which backend answered and what it received); three
+clients: one may use every model, one only tiny-chat, and a noisy one has limits (2 at once, 3 a second, 4 KiB
+bodies). The buffer is made small (128 KiB) to keep the too-large body cheap, still above the 64 KiB chat that must
+route with messages before model (the order older openai-python releases write; the image's 3.60.0 writes model
+first, so that body goes through the client's own post()). Then the role's drain and undrain
 (tasks/drain.yml, undrain.yml) act on each deployment's backend through the gateway's admin socket, with the
 undrain's canary through the gateway.
 
@@ -41,6 +42,9 @@ with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "pla
 BUFFER = 131072
 SERVER_KEY = "server-key-0123456789abcdef"
 FULL_KEY, LIMITED_KEY = "full-key-0123456789abcdef", "limited-key-0123456789abcdef"
+NOISY_KEY = "noisy-key-0123456789abcdef"
+# The noisy client's limits: 2 requests at once, 3 a second, bodies of at most 4 KiB.
+NOISY_LIMITS = {"max_concurrent_requests": 2, "requests_per_second": 3, "max_body_bytes": 4096}
 # Quotes, a backslash and a non-ASCII letter: echoed JSON-escaped in the 404.
 UNKNOWN = 'no-such-model "quoted" \\ \u00e9'
 DEPLOYMENTS = [
@@ -106,7 +110,7 @@ DRAIN_UNDRAIN = """
 # answer saying which backend answered, whether the gateway's key replaced the client's, the body's length and where
 # "model" is in it.
 STAND_IN = r'''
-import http.server, json, sys
+import http.server, json, sys, time
 
 NAME, RUNNER, PORT, KEY = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions"), "pooling": ("/v1/embeddings",)}[RUNNER]
@@ -135,6 +139,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 "auth_ok": self.headers.get("Authorization") == "Bearer " + KEY,
                 "request_id": self.headers.get("X-Request-Id")}
         model = body.get("model")
+        if (body.get("messages") or [{}])[0].get("content") == "slow":
+            time.sleep(1.5)  # a long generation: the client-limit checks hold requests open with it
         if self.path not in ROUTES:
             self.send(404, json.dumps({"error": "no such route", "backend": NAME}).encode())
             return
@@ -174,7 +180,7 @@ http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
 
 # The checks, with the real OpenAI client: one JSON object of outcomes on stdout.
 CLIENT = r'''
-import json, os, time
+import json, os, threading, time
 import httpx, openai
 from openai.types.chat import ChatCompletion
 
@@ -254,6 +260,26 @@ results = {
 }
 for path in ("/tokenize", "/pooling", "/classify", "/v1/models/tiny-embed", "/v1/rerank", "/score"):
     results["path " + path] = raw(path, {"model": "tiny-embed", "prompt": "x"})
+
+# The noisy client (2 at once, 3 a second, 4 KiB bodies) and, meanwhile, the others.
+SLOW = {"model": "tiny-chat", "messages": [{"role": "user", "content": "slow"}]}
+noisy, burst = os.environ["NOISY_KEY"], []
+threads = [threading.Thread(target=lambda: burst.append(raw("/v1/chat/completions", SLOW, key=noisy)))
+           for _ in range(4)]
+for thread in threads:
+    thread.start()
+time.sleep(0.3)  # the four are in: two generating, two refused
+results["quiet_during_burst"] = raw("/v1/chat/completions", CHAT)
+for thread in threads:
+    thread.join()
+results["noisy_concurrent"] = burst
+time.sleep(2.5)  # the second's window of the burst is over
+results["noisy_rate"] = [raw("/v1/chat/completions", CHAT, key=noisy) for _ in range(10)]
+results["quiet_after_rate"] = raw("/v1/chat/completions", CHAT)
+time.sleep(1.5)
+results["noisy_big_body"] = raw("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]},
+                                key=noisy)
+results["noisy_small_body"] = raw("/v1/chat/completions", CHAT, key=noisy)
 print(json.dumps(results))
 '''
 
@@ -325,7 +351,8 @@ def gateway(tmp_path_factory):
                 "gateway_health_check_interval": "500ms", "gateway_health_check_fast_interval": "200ms",
                 "gateway_drain_timeout": 30, "gateway_undrain_timeout": 30, "gateway_canary_timeout": 15,
                 "gateway_client_keys": [{"name": "full", "key": FULL_KEY},
-                                        {"name": "limited", "key": LIMITED_KEY, "models": ["tiny-chat"]}]}}}}}}
+                                        {"name": "limited", "key": LIMITED_KEY, "models": ["tiny-chat"]},
+                                        {"name": "noisy", "key": NOISY_KEY, **NOISY_LIMITS}]}}}}}}
     (tmp / "hosts.yml").write_text(json.dumps(inventory))
     (tmp / "render.yml").write_text(RENDER)
     (tmp / "stand_in.py").write_text(STAND_IN)
@@ -349,7 +376,7 @@ def gateway(tmp_path_factory):
                 "-v", "%s:/var/lib/haproxy-state:ro" % state, GATEWAY_IMAGE)
         client = _docker("run", "--rm", "--name", prefix + "-client", "--network", network,
                          "-v", "%s:/test:ro" % tmp, "-e", "GW_URL=http://%s-gw:4000" % prefix,
-                         "-e", "FULL_KEY=" + FULL_KEY, "-e", "LIMITED_KEY=" + LIMITED_KEY,
+                         "-e", "FULL_KEY=" + FULL_KEY, "-e", "LIMITED_KEY=" + LIMITED_KEY, "-e", "NOISY_KEY=" + NOISY_KEY,
                          "-e", "CANARY_TOKEN=" + canary_token("vllm-chat", "chat1"), "-e", "UNKNOWN_MODEL=" + UNKNOWN,
                          "--entrypoint", "python3", SERVING_IMAGE, "/test/client.py", check=False)
         logs = _docker("logs", prefix + "-gw", check=False)
@@ -495,3 +522,35 @@ def test_the_log_names_the_client_and_the_request_never_a_key(gateway):
     assert 'client="limited"' in gateway["log"]
     for key in (FULL_KEY, LIMITED_KEY, SERVER_KEY):
         assert key not in gateway["log"]
+
+
+def _statuses(results):
+    return sorted(result["status"] for result in results)
+
+
+def test_a_client_over_its_concurrency_gets_429_and_the_others_are_served(gateway):
+    outcomes = gateway["outcomes"]
+    burst = outcomes["noisy_concurrent"]
+    assert _statuses(burst) == [200, 200, 429, 429], burst
+    for refused in (result for result in burst if result["status"] == 429):
+        assert refused["headers"].get("retry-after") == "1"
+        error = json.loads(refused["body"])["error"]
+        assert error["code"] == "rate_limit_exceeded" and "at most 2" in error["message"]
+    assert outcomes["quiet_during_burst"]["status"] == 200  # another client, meanwhile
+
+
+def test_a_client_over_its_rate_gets_429_and_the_others_are_served(gateway):
+    outcomes = gateway["outcomes"]
+    statuses = [result["status"] for result in outcomes["noisy_rate"]]
+    # Ten requests back to back: the first three pass; the rest are refused while they come within a second of them
+    # (all of them on an idle machine; "at least one" keeps a slow machine from failing the test).
+    assert statuses[:3] == [200] * 3 and 429 in statuses[3:] and set(statuses) == {200, 429}, statuses
+    for refused in (result for result in outcomes["noisy_rate"] if result["status"] == 429):
+        assert refused["headers"].get("retry-after") == "1" and "3 requests per second" in refused["body"]
+    assert outcomes["quiet_after_rate"]["status"] == 200
+
+
+def test_a_client_over_its_body_size_gets_413(gateway):
+    outcomes = gateway["outcomes"]
+    assert outcomes["noisy_big_body"]["status"] == 413 and "4096 bytes" in outcomes["noisy_big_body"]["body"]
+    assert outcomes["noisy_small_body"]["status"] == 200

@@ -51,6 +51,11 @@ CASES = {
     "no_backend": {"gateway_client_keys": [{"name": "ide", "key": IDE}], "gateway_backends": []},
     "chat_only": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
                   "gateway_backends": BASE["gateway_backends"][:1]},
+    "limited": {"gateway_client_keys": [{"name": "ide", "key": IDE, "requests_per_second": 5,
+                                         "max_concurrent_requests": 4, "max_body_bytes": 65536}]},
+    "limit_as_text": {"gateway_client_keys": [{"name": "ide", "key": IDE, "requests_per_second": "5/s"}]},
+    "limit_zero": {"gateway_client_keys": [{"name": "ide", "key": IDE, "max_concurrent_requests": 0}]},
+    "limit_boolean": {"gateway_client_keys": [{"name": "ide", "key": IDE, "max_body_bytes": True}]},
 }
 MESSAGES = {
     "short_rotation_key": "a client's rotation_key in gateway_client_keys must be 16+ such characters too",
@@ -60,6 +65,9 @@ MESSAGES = {
                         "serves (it serves tiny-chat, chat-alias, tiny-embed)",
     "unsafe_client_name": "gateway_client_keys: client name(s) ide team must be letters, digits and ._-",
     "no_backend": "gateway_backends is empty: no deployment has a host in the group vllm_servers",
+    "limit_as_text": "gateway_client_keys: client ide's requests_per_second must be a whole number of at least 1",
+    "limit_zero": "gateway_client_keys: client ide's max_concurrent_requests must be a whole number of at least 1",
+    "limit_boolean": "gateway_client_keys: client ide's max_body_bytes must be a whole number of at least 1",
 }
 
 
@@ -93,3 +101,7 @@ def test_a_client_may_be_granted_a_model_by_an_alias(runs):
     ("chat_only", ["/v1/models", "/v1/chat/completions", "/v1/completions"])])
 def test_the_pooling_paths_are_open_only_with_a_pooling_deployment(runs, case, paths):
     assert runs[case].results[-2]["msg"] == paths
+
+
+def test_a_client_with_limits_passes_the_checks(runs):
+    assert runs["limited"].failure() is None, runs["limited"].failure()
