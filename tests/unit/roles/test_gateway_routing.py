@@ -554,3 +554,12 @@ def test_a_client_over_its_body_size_gets_413(gateway):
     outcomes = gateway["outcomes"]
     assert outcomes["noisy_big_body"]["status"] == 413 and "4096 bytes" in outcomes["noisy_big_body"]["body"]
     assert outcomes["noisy_small_body"]["status"] == 200
+
+
+def test_the_gateways_files_hold_no_client_key(gateway):
+    """The clients map holds each key's SHA-256; every request above was authorized through it."""
+    for name in ("clients.map", "haproxy.cfg"):
+        text = (gateway["config"] / name).read_text()
+        for key in (FULL_KEY, LIMITED_KEY, NOISY_KEY):
+            assert key not in text
+    assert hashlib.sha256(FULL_KEY.encode()).hexdigest().upper() in (gateway["config"] / "clients.map").read_text()
