@@ -22,6 +22,8 @@ description:
     C(docs/gpu_preflight.md).
 author:
   - onprem.vllm developers (@onprem)
+extends_documentation_fragment:
+  - onprem.vllm.read_only
 options:
   backend:
     description:
@@ -71,13 +73,6 @@ notes:
   - Check mode is supported; the module never changes anything.
   - Reading the kernel log and the PCIe extended config space usually needs root (C(become)).
   - Xid events older than the current boot are only seen through O(kernel_log_path).
-attributes:
-  check_mode:
-    description: Can run in check mode and return the same facts; the module never changes anything.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
 seealso:
   - module: onprem.vllm.gpu_topology_info
 """

@@ -22,6 +22,8 @@ description:
     environment for it and a one-line reason for each choice.
 author:
   - onprem.vllm developers (@onprem)
+extends_documentation_fragment:
+  - onprem.vllm.read_only
 options:
   backend:
     description:
@@ -74,13 +76,6 @@ notes:
   - Check mode is supported; the module never changes anything.
   - nvidia-smi does not report the compute capability; with that backend it comes from a table keyed by architecture
     and product name (C(compute_capability_source=architecture-table)).
-attributes:
-  check_mode:
-    description: Can run in check mode and return the same facts; the module never changes anything.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
 seealso:
   - module: onprem.vllm.gpu_health_info
 """

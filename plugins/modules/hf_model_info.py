@@ -19,6 +19,8 @@ description:
     safetensors index (a few KB); the weights are never downloaded.
   - A branch or tag is resolved through the folder's or archive's C(refs/) (what hf_cache pins on the hosts), or by
     the hub.
+extends_documentation_fragment:
+  - onprem.vllm.read_only
 options:
   source:
     description: Where the model lies.
@@ -50,10 +52,6 @@ options:
     description: Seconds each hub request may take.
     type: int
     default: 30
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; it runs the same in check mode.
 notes:
   - Read-only. The hub source needs the machine it runs on (usually the controller) to reach the hub.
 """

@@ -14,6 +14,8 @@ description:
     any other Docker error fails the task); the port by a TCP connection; files and paths on the host's filesystem.
   - When the image is missing and O(image_archive) is given, also whether the archive exists, its size, Docker's data
     root and the bytes free there (what loading the archive needs).
+extends_documentation_fragment:
+  - onprem.vllm.read_only
 options:
   container_names:
     description: Containers to look up by name.
@@ -60,13 +62,6 @@ options:
     default: []
 notes:
   - Check mode is supported.
-attributes:
-  check_mode:
-    description: Reads the same in check mode.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
 """
 
 EXAMPLES = r"""

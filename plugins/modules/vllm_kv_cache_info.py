@@ -15,6 +15,7 @@ description:
     warning, never a failure (the server passed its gate and serves); a server whose metric cannot be read is a
     warning too.
 extends_documentation_fragment:
+  - onprem.vllm.read_only
   - onprem.vllm.vllm_server
 options:
   predicted:
@@ -31,10 +32,6 @@ options:
     description: Seconds the request may take.
     type: int
     default: 30
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; it runs the same in check mode.
 notes:
   - vLLM exports C(vllm:cache_config_info) from 0.8 (V1 engine); C(num_gpu_blocks) is filled once the engine core
     allocated its cache, i.e. always after a passed health gate.
