@@ -47,6 +47,22 @@ q8b-kvb100g-32k-eager|Qwen3-8B|0.9|32768|--enforce-eager --kv-cache-memory-bytes
 q8b-u030-kvb60g-32k-eager|Qwen3-8B|0.3|32768|--enforce-eager --kv-cache-memory-bytes 64424509440|60
 q8b-kvb130g-32k-eager|Qwen3-8B|0.9|32768|--enforce-eager --kv-cache-memory-bytes 139586437120|60
 q30moe-fp8-kvb80g-32k-eager|Qwen3-30B-A3B-FP8|0.9|32768|--enforce-eager --kv-cache-memory-bytes 85899345920|90
+g3-1b-u090-32k-eager|gemma-3-1b-it|0.9|32768|--enforce-eager|70
+g3-1b-u050-8k-eager|gemma-3-1b-it|0.5|8192|--enforce-eager|60
+g3-27b-u090-32k-eager|gemma-3-27b-it-text|0.9|32768|--enforce-eager|90
+g3-27b-u090-128k-eager|gemma-3-27b-it-text|0.9|131072|--enforce-eager|90
+g3-1b-u090-32k|gemma-3-1b-it|0.9|32768||100
+qvl8b-u090-32k-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager|100
+qvl8b-u090-32k-novideo-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"video":0}|90
+qvl8b-u090-32k-textonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0,"video":0}|70
+qvl8b-u050-16k-eager|Qwen3-VL-8B-Instruct|0.5|16384|--enforce-eager|90
+qvl8b-u090-32k|Qwen3-VL-8B-Instruct|0.9|32768||130
+gh-tiny-u090-32k-eager|granite-4.0-h-tiny|0.9|32768|--enforce-eager|100
+gh-tiny-u050-128k-eager|granite-4.0-h-tiny|0.5|131072|--enforce-eager|90
+gh-micro-u090-32k-eager|granite-4.0-h-micro|0.9|32768|--enforce-eager|90
+q3next-fp8-u090-32k-eager|Qwen3-Next-80B-A3B-Instruct-FP8|0.9|32768|--enforce-eager|240
+nemoh-8b-u090-8k-eager|Nemotron-H-8B-Base-8K|0.9|8192|--enforce-eager|90
+gptoss-20b-u090-32k-eager|gpt-oss-20b|0.9|32768|--enforce-eager|120
 '
 
 row() { printf '%s\n' "$RUNS" | awk -F'|' -v id="$1" '$1 == id'; }
@@ -138,8 +154,14 @@ for id in "$@"; do
   fi
   dir="$STAGE/models/$model"
   mkdir -p "$dir"
-  cp "$CONFIGS/$model/config.json" "$dir/config.json"
-  cp "$STAGE/tokenizer/tokenizer.json" "$STAGE/tokenizer/tokenizer_config.json" "$dir/"
+  # config.json and any processor files (a vision model's preprocessor_config.json ...)
+  cp "$CONFIGS/$model"/*.json "$dir/"
+  if [ -f "$CONFIGS/$model/QWEN_TOKEN_LAYOUT" ]; then
+    # a vision model's profiling needs its placeholder tokens at the config's ids: a constructed stand-in
+    [ -f "$dir/tokenizer.json" ] || python3 benchmarks/gpu_compare/make_tokenizer.py "$dir"
+  else
+    cp "$STAGE/tokenizer/tokenizer.json" "$STAGE/tokenizer/tokenizer_config.json" "$dir/"
+  fi
   # shellcheck disable=SC2206
   cmd=(python3 -m vllm.entrypoints.openai.api_server --model "$dir" --served-model-name "$model" --port 8000
        --load-format dummy --gpu-memory-utilization "$util" --max-model-len "$max_len" $flags)
