@@ -26,6 +26,7 @@ T0=$(date +%s)
 mkdir -p "$STAGE" "$OUT"
 
 # id | model-configs dir | gpu_memory_utilization | max_model_len | further flags | estimated seconds (as measured)
+# [| environment: VAR=value ..., e.g. VLLM_USE_V2_MODEL_RUNNER=0 for the runner that profiles a vision encoder]
 RUNS='
 q30moe-fp8-u090-32k|Qwen3-30B-A3B-FP8|0.9|32768||150
 q8b-u090-32k|Qwen3-8B|0.9|32768||105
@@ -57,6 +58,12 @@ qvl8b-u090-32k-novideo-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --li
 qvl8b-u090-32k-textonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0,"video":0}|70
 qvl8b-u050-16k-eager|Qwen3-VL-8B-Instruct|0.5|16384|--enforce-eager|90
 qvl8b-u090-32k|Qwen3-VL-8B-Instruct|0.9|32768||130
+qvl8b-u090-32k-v1-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager|100|VLLM_USE_V2_MODEL_RUNNER=0
+qvl8b-u090-32k-v1-imageonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"video":0}|100|VLLM_USE_V2_MODEL_RUNNER=0
+qvl8b-u090-32k-v1-videoonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0}|100|VLLM_USE_V2_MODEL_RUNNER=0
+qvl30b-u090-32k-eager|Qwen3-VL-30B-A3B-Instruct|0.9|32768|--enforce-eager|150
+qvl30b-u090-32k-textonly-eager|Qwen3-VL-30B-A3B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0,"video":0}|120
+g3-1b-u090-32k-mnbt2k-eager|gemma-3-1b-it|0.9|32768|--enforce-eager --max-num-batched-tokens 2048|60
 gh-tiny-u090-32k-eager|granite-4.0-h-tiny|0.9|32768|--enforce-eager|100
 gh-tiny-u050-128k-eager|granite-4.0-h-tiny|0.5|131072|--enforce-eager|90
 gh-micro-u090-32k-eager|granite-4.0-h-micro|0.9|32768|--enforce-eager|90
@@ -145,7 +152,7 @@ set -m
 for id in "$@"; do
   spec=$(row "$id")
   [ -n "$spec" ] || { echo "unknown run $id"; continue; }
-  IFS='|' read -r _ model util max_len flags estimate <<< "$spec"
+  IFS='|' read -r _ model util max_len flags estimate run_env <<< "$spec"
   left=$(( BUDGET_S - ($(date +%s) - T0) ))
   if [ "$left" -lt "$estimate" ]; then
     echo "skip $id: ${left}s left of BUDGET_S, estimate ${estimate}s"
@@ -168,13 +175,14 @@ for id in "$@"; do
   log="$LOGS/$id.log"
   {
     echo "# run: $id (model config: $CONFIGS/$model/config.json, dummy weights)"
-    echo "# command: ${cmd[*]}"
+    echo "# command: ${run_env:+$run_env }${cmd[*]}"
     echo "# env: PYTHONPATH=$PYTHONPATH VLLM_LOGGING_LEVEL=$VLLM_LOGGING_LEVEL VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
     echo "# gpu before: $(nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader)"
     echo "# started: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   } > "$log"
   start=$(date +%s)
-  "${cmd[@]}" >> "$log" 2>&1 &
+  # shellcheck disable=SC2086
+  env $run_env "${cmd[@]}" >> "$log" 2>&1 &
   pid=$!
   ended=timeout
   kv_at=0

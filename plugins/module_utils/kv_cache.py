@@ -185,6 +185,118 @@ def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_cache_dtype: str
     return k_and_v * kv_heads_per_gpu(shape, tp) * entry * kv_dtype_bytes(shape, kv_cache_dtype)
 
 
+# --- layers of several kinds: vLLM's KV-cache groups (read from vLLM 0.26.0's source) ---------------------------
+# vLLM >= 0.26 (vllm/v1/core/kv_cache_utils.py): layers of one spec form a type; each type is cut into groups of
+# `group_size` layers (the smallest type's count, or the largest's when that is under 1.5 times it), the last group
+# of a type padded. Every group shares one pool of blocks held in group_size tensors, so a block costs
+# group_size x page bytes and a request takes blocks in every group.
+LAYOUT_RULES_FROM = (0, 26, 0)
+# Sliding-window layers keep the window plus the tokens in flight: max_concurrent_batches (2: async scheduling, on
+# by default, one pipeline stage) x max_num_batched_tokens (vllm/config/vllm.py max_in_flight_tokens).
+IN_FLIGHT_BATCHES = 2
+# The smallest block the attention kernels take on CUDA (FlashAttention, Triton: MultipleOf(16)): the unit the
+# attention block of a hybrid is raised in (Platform._align_hybrid_block_size).
+KERNEL_BLOCK_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """How vLLM lays the KV cache of one worker out: `tensors` tensors (its group_size), each holding one `page` per
+    block; a request takes blocks in every group: cdiv(L, block) in a full-attention group, the window and the
+    tokens in flight in a sliding one, one block (its recurrent state) in a Mamba / linear-attention one."""
+
+    block_size: int
+    page: int
+    tensors: int
+    groups: tuple  # (kind, window) per group: ("full", 0), ("sliding", W), ("mamba", 0)
+    in_flight_tokens: int = 0
+    padding_layers: int = 0
+    mamba_page: int = 0
+
+    @property
+    def uniform(self) -> bool:
+        return all(kind == "full" for kind, _window in self.groups)
+
+    def blocks_per_request(self, max_len: int) -> int:
+        total = 0
+        for kind, window in self.groups:
+            if kind == "full":
+                total += -(-max_len // self.block_size)
+            elif kind == "sliding":
+                total += -(-min(window - 1 + self.in_flight_tokens, max_len) // self.block_size) + 1
+            else:
+                total += 1
+        return total
+
+    def needed_bytes(self, max_len: int) -> int:
+        return self.tensors * self.page * self.blocks_per_request(max_len)
+
+    def num_blocks(self, available: int) -> int:
+        return blocks_for(available, self.page, self.tensors)
+
+    def max_len_fitting(self, available: int, cap: int) -> int:
+        """vLLM's estimated maximum model length: the longest length whose request fits in the available memory."""
+        if available <= 0 or self.needed_bytes(1) > available:
+            return 0
+        low, high = 1, cap
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.needed_bytes(middle) <= available:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+
+def mamba_page_bytes(shape: ModelShape, tp: int) -> int:
+    """Bytes of one layer's recurrent state (conv state + SSM state) on a TP rank, in the model dtype (the SSM state
+    in mamba_ssm_dtype_bytes where vLLM overrides it): vllm/model_executor/layers/mamba/mamba_utils.py."""
+    dtype = min(shape.extra.get("dtype_bytes", 2), 2)
+    ssm_dtype = shape.mamba_ssm_dtype_bytes or dtype
+    kind = shape.mamba_state[0]
+    if kind == "mamba2":
+        d_conv, intermediate, n_groups, d_state, n_heads, head_dim = shape.mamba_state[1:]
+        if n_groups % tp:
+            n_groups += tp - n_groups  # groups are replicated so that each head shard has its group
+        conv = (d_conv - 1) * ((intermediate + 2 * n_groups * d_state) // tp)
+        ssm = (n_heads // tp) * head_dim * d_state
+    else:  # gated_delta_net
+        conv_kernel, k_heads, k_dim, v_heads, v_dim = shape.mamba_state[1:]
+        conv = (conv_kernel - 1) * ((2 * k_dim * k_heads + v_dim * v_heads) // tp)
+        ssm = (v_heads // tp) * v_dim * k_dim
+    return conv * dtype + ssm * ssm_dtype
+
+
+def kv_layout(shape: ModelShape, tp: int, kv_cache_dtype: str, block_size: int, batched_tokens: int,
+              version: Optional[tuple] = None, pp_layers: Optional[int] = None) -> KvLayout:
+    """The layout of one worker. Full attention alone is one group of every layer (the uniform formula)."""
+    per_token = kv_bytes_per_token_per_layer(shape, tp, kv_cache_dtype, version)
+    if not shape.layer_kinds:
+        layers = pp_layers or shape.num_layers
+        return KvLayout(block_size=block_size, page=per_token * block_size, tensors=layers,
+                        groups=(("full", 0),))
+    counts: dict = {}
+    for kind in shape.layer_kinds:
+        if kind != "none":
+            counts[kind] = counts.get(kind, 0) + 1
+    mamba_page = 0
+    if "mamba" in counts:
+        mamba_page = mamba_page_bytes(shape, tp)
+        align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+        block_size = max(block_size, align * -(-mamba_page // (align * per_token)))
+    smallest, largest = min(counts.values()), max(counts.values())
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups, padding = [], 0
+    for kind, count in counts.items():
+        number = -(-count // group_size)
+        padding += number * group_size - count
+        entry = ("sliding", int(kind.split(":", 1)[1])) if kind.startswith("sliding:") else (kind, 0)
+        groups.extend([entry] * number)
+    return KvLayout(block_size=block_size, page=per_token * block_size, tensors=group_size, groups=tuple(groups),
+                    in_flight_tokens=IN_FLIGHT_BATCHES * batched_tokens, padding_layers=padding,
+                    mamba_page=mamba_page)
+
+
 @dataclass
 class PlanRequest:
     shape: ModelShape
@@ -211,6 +323,9 @@ class PlanRequest:
     # The server's pinned KV pool: None (vLLM profiles), "auto" (pin the plan's prediction) or bytes.
     kv_cache_memory: Optional[object] = None
     kv_cache_memory_margin: float = KV_CACHE_MEMORY_MARGIN
+    # vLLM's --limit-mm-per-prompt ({modality: count}); None: vLLM's default (999 of each). All zero: a vision-language
+    # model runs text-only, its vision tower neither loaded nor profiled.
+    limit_mm_per_prompt: Optional[dict] = None
 
 
 @dataclass
@@ -280,6 +395,12 @@ def validate(req: PlanRequest) -> None:
     margin = req.kv_cache_memory_margin
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise PlanInputError("kv_cache_memory_margin must be a fraction in [0, 1), got %r" % (margin,))
+    limits = req.limit_mm_per_prompt
+    if limits is not None and (not isinstance(limits, dict) or any(
+            not isinstance(name, str) or isinstance(count, bool) or not isinstance(count, int) or count < 0
+            for name, count in limits.items())):
+        raise PlanInputError("limit_mm_per_prompt must map modalities to counts of 0 or more (e.g. {image: 2, "
+                             "video: 0}), got %r" % (limits,))
     if req.device == "cuda" and req.gpu_memory_bytes is None and req.available_kv_cache_bytes is None:
         raise PlanInputError("gpu_memory_bytes is required (or gpu_topology facts, or available_kv_cache_bytes) "
                              "for device cuda; for the CPU backend set device: cpu and cpu_kv_cache_space_bytes")
@@ -331,25 +452,49 @@ def estimate_parameters(shape: ModelShape) -> dict:
     else:
         attn = h * shape.head_dim * (2 * shape.num_attention_heads + 2 * shape.num_kv_heads)
     dense_mlp = 3 * h * shape.intermediate_size
+    kinds = shape.layer_kinds
+    attn_layers = sum(1 for kind in kinds if kind == "full" or kind.startswith("sliding:")) if kinds else shape.num_layers
+    # Nemotron-H: attention and Mamba layers have no MLP; its MLP layers are two matrices (relu2, no gate)
+    mlp_layers = kinds.count("none") if shape.model_type == "nemotron_h" else shape.num_layers
+    if shape.model_type == "nemotron_h":
+        dense_mlp = 2 * h * shape.intermediate_size
     if shape.is_moe:
-        moe_layers = shape.num_layers - shape.num_dense_layers
+        moe_layers = mlp_layers - shape.num_dense_layers
         experts = moe_layers * (shape.num_experts * 3 * h * shape.moe_intermediate_size + h * shape.num_experts)
         shared = moe_layers * 3 * h * shape.shared_expert_intermediate_size
         mlp = shape.num_dense_layers * dense_mlp + shared
     else:
         experts = 0
-        mlp = shape.num_layers * dense_mlp
-    return {"embed": embed, "attn": shape.num_layers * attn, "mlp": mlp, "experts": experts}
+        mlp = mlp_layers * dense_mlp
+    return {"embed": embed, "attn": attn_layers * attn, "mlp": mlp, "experts": experts,
+            "state": kinds.count("mamba") * recurrent_layer_parameters(shape),
+            "vision": shape.vision_parameters}
+
+
+def recurrent_layer_parameters(shape: ModelShape) -> int:
+    """Parameters of one Mamba2 / gated-delta-net layer: input and output projections and the convolution."""
+    if not shape.mamba_state:
+        return 0
+    h = shape.hidden_size
+    if shape.mamba_state[0] == "mamba2":
+        d_conv, intermediate, n_groups, d_state, n_heads, _head_dim = shape.mamba_state[1:]
+        conv_dim = intermediate + 2 * n_groups * d_state
+        return h * (intermediate + conv_dim + n_heads) + conv_dim * d_conv + intermediate * h
+    conv_kernel, k_heads, k_dim, v_heads, v_dim = shape.mamba_state[1:]
+    conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
+    return h * (conv_dim + v_heads * v_dim + 2 * v_heads) + conv_dim * conv_kernel + v_heads * v_dim * h
 
 
 def estimate_weights_bytes(shape: ModelShape) -> int:
     """Whole-model weight bytes from the config: quantized linear layers, 16-bit embeddings and lm_head."""
     params = estimate_parameters(shape)
-    linear = params["attn"] + params["mlp"] + params["experts"]
+    # the vision tower stays in 16 bit in the quantized checkpoints this planner knows
+    unquantized = params["embed"] + params["vision"]
+    linear = params["attn"] + params["mlp"] + params["experts"] + params["state"]
     if shape.quant_method == "mxfp4":
         # gpt-oss style: only the experts are MXFP4
-        return int(params["embed"] * 2 + (params["attn"] + params["mlp"]) * 2 + params["experts"] * shape.weight_bits / 8)
-    return int(params["embed"] * 2 + linear * shape.weight_bits / 8)
+        return int(unquantized * 2 + (linear - params["experts"]) * 2 + params["experts"] * shape.weight_bits / 8)
+    return int(unquantized * 2 + linear * shape.weight_bits / 8)
 
 
 def weights_per_gpu(req: PlanRequest, tp: int) -> tuple:
@@ -362,6 +507,9 @@ def weights_per_gpu(req: PlanRequest, tp: int) -> tuple:
         total, source = shape.checkpoint_bytes, "safetensors"
     else:
         total, source = estimate_weights_bytes(shape), "estimated from config.json"
+    if shape.vision_parameters and not vision_tower_loaded(req):
+        total -= 2 * shape.vision_parameters  # text-only: the 16-bit vision tower stays on disk
+        source += ", without the vision tower"
     per_gpu = total / gpus
     if not shape.is_mla and shape.num_kv_heads < tp:
         # K/V projections are replicated on each rank instead of split
@@ -403,8 +551,15 @@ def uses_model_runner_v1(shape: ModelShape, version: tuple) -> bool:
     """Whether vLLM profiles this model with model runner V1 (CUDA graphs inside the budget) rather than V2.
 
     Seen in 0.26.0: every dense model (BF16, AWQ, FP8 KV; Qwen2.5/Qwen3/Mistral) logs "Using V2 Model Runner",
-    the block-FP8 MoE model does not. Before 0.26 there is only V1."""
-    return version < CALIBRATED_026_FROM or shape.is_moe
+    the block-FP8 MoE model does not; vllm/config/vllm.py keeps V1 for MoE and hybrid (recurrent-state) models.
+    Before 0.26 there is only V1."""
+    return version < CALIBRATED_026_FROM or shape.is_moe or "mamba" in shape.layer_kinds
+
+
+def vision_tower_loaded(req: PlanRequest) -> bool:
+    """Whether vLLM loads the vision encoder: a vision-language model unless every modality's limit is 0."""
+    limits = req.limit_mm_per_prompt
+    return req.shape.vision_parameters > 0 and not (limits and all(int(n) == 0 for n in limits.values()))
 
 
 def activation_peak_bytes_026(shape: ModelShape, tp: int, batched_tokens: int, num_seqs: int,
@@ -498,11 +653,38 @@ def constraint_reasons(req: PlanRequest, tp: int, version: tuple) -> List[str]:
     return reasons
 
 
-def _max_len_fitting(available: int, page: int, layers: int, block_size: int, cap: int) -> int:
-    """vLLM's estimated maximum model length: whole blocks of every layer within the available memory."""
-    if available <= 0:
-        return 0
-    return min(cap, int(available // (page * layers)) * block_size)
+def _layout_for(req: PlanRequest, tp: int, kv_cache_dtype: str, version: tuple, layers: int) -> KvLayout:
+    tokens = req.max_num_batched_tokens or default_batch_limits(req.gpu_memory_bytes or 0, req.gpu_name)[0]
+    return kv_layout(req.shape, tp, kv_cache_dtype, req.block_size, tokens, version, layers)
+
+
+def layer_kinds_text(shape: ModelShape) -> str:
+    counts: dict = {}
+    for kind in shape.layer_kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    names = {"full": "full attention", "mamba": "recurrent state", "none": "no cache"}
+    return ", ".join("%d %s" % (n, names.get(k, k.replace("sliding:", "sliding window ")))
+                     for k, n in sorted(counts.items()))
+
+
+def layout_text(layout: KvLayout, shape: ModelShape) -> str:
+    """The layout as the plan's note: groups, block, page and what a request takes."""
+    kinds = {}
+    for kind, window in layout.groups:
+        key = "sliding window %d" % window if kind == "sliding" else {"full": "full attention",
+                                                                       "mamba": "recurrent state"}[kind]
+        kinds[key] = kinds.get(key, 0) + 1
+    text = ("layers of several kinds (%s): %d KV-cache groups of %d layers (%s)%s, one pool of blocks of %d tokens, "
+            "%d bytes a layer" % (layer_kinds_text(shape), len(layout.groups), layout.tensors,
+                                  ", ".join("%d %s" % (n, k) for k, n in kinds.items()),
+                                  " with %d padding layers" % layout.padding_layers if layout.padding_layers else "",
+                                  layout.block_size, layout.page))
+    if layout.mamba_page:
+        text += "; the attention block is raised so one page holds a layer's %d-byte recurrent state" % layout.mamba_page
+    if any(kind == "sliding" for kind, _window in layout.groups):
+        text += ("; a sliding-window layer keeps its window plus %d tokens in flight (2 x max_num_batched_tokens)"
+                 % layout.in_flight_tokens)
+    return text
 
 
 def plan(req: PlanRequest) -> Plan:
@@ -513,14 +695,25 @@ def plan(req: PlanRequest) -> Plan:
     max_len = req.max_model_len or shape.derived_max_model_len
     layers = max(layers_per_stage(shape.num_layers, pp))
     per_layer = kv_bytes_per_token_per_layer(shape, tp, req.kv_cache_dtype, version)
-    page = per_layer * bs
     reasons: List[str] = []
     notes: List[str] = []
-    covered = not shape.non_uniform_reason
+    unpredicted = shape.non_uniform_reason
+    if shape.layer_kinds and not unpredicted:
+        if version < LAYOUT_RULES_FROM:
+            unpredicted = ("its layers are of several kinds (%s), and vLLM %s groups them by rules this planner "
+                           "reads from 0.26 on" % (layer_kinds_text(shape), ".".join(map(str, version))))
+        elif pp > 1:
+            unpredicted = ("its layers are of several kinds (%s), grouped across pipeline stages: predicted for "
+                           "pipeline_parallel_size 1 only" % layer_kinds_text(shape))
+    covered = not unpredicted
     if not covered:
-        reasons.append("Not predicted: %s. The uniform KV formula does not cover this model, so no KV size is "
-                       "claimed; check vLLM's own log, or set fail_on_misfit: false to roll out unchecked."
-                       % shape.non_uniform_reason)
+        reasons.append("Not predicted: %s. No KV size is claimed; kv_cache_memory: auto pins the predicted pool "
+                       "instead, or check vLLM's own log, or set fail_on_misfit: false to roll out unchecked."
+                       % unpredicted)
+    layout = _layout_for(req, tp, req.kv_cache_dtype, version, layers)
+    page = layout.page
+    if not layout.uniform:
+        notes.append(layout_text(layout, shape))
 
     util = None
     budget = None
@@ -548,7 +741,7 @@ def plan(req: PlanRequest) -> Plan:
         available, parts = _available_for(req, tp, util, version)
         weights = parts["weights"]
         if pinned is not None:
-            available, pool, margin_bytes = _pinned_pool(req, pinned, available, budget, page, layers, parts,
+            available, pool, margin_bytes = _pinned_pool(req, pinned, available, budget, page, layout.tensors, parts,
                                                          reasons, notes)
             if isinstance(pinned, int):
                 budget = None  # vLLM ignores the utilization then: no utilization can be suggested
@@ -561,10 +754,11 @@ def plan(req: PlanRequest) -> Plan:
     if req.weights_bytes_per_gpu is not None and weights is None:
         weights = req.weights_bytes_per_gpu
 
-    num_blocks = blocks_for(available, page, layers)
-    tokens = num_blocks * bs
-    blocks_per_request = -(-max_len // bs)
+    num_blocks = layout.num_blocks(available)
+    blocks_per_request = layout.blocks_per_request(max_len)
     max_concurrency = num_blocks / blocks_per_request if blocks_per_request else 0.0
+    # vLLM's "GPU KV cache size": the tokens of that many requests of max_model_len (whole blocks when uniform)
+    tokens = num_blocks * bs if layout.uniform else int(max_concurrency * max_len)
 
     reasons.extend(constraint_reasons(req, tp, version))
     if max_len > shape.derived_max_model_len and not req.allow_long_max_model_len:
@@ -577,7 +771,7 @@ def plan(req: PlanRequest) -> Plan:
             reasons.append("gpu_memory_utilization %.2f plus %.2f of another instance on the same GPU is %.2f >= 1.0: "
                            "the second to start fails with 'Free memory on device ... is less than desired GPU memory "
                            "utilization'." % (util, other, util + other))
-    needed = layers * blocks_per_request * page
+    needed = layout.needed_bytes(max_len)
     fits_one = available > 0 and needed <= available
     memory_short = not fits_one
     if covered:
@@ -585,7 +779,7 @@ def plan(req: PlanRequest) -> Plan:
             reasons.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
                            "initializing the engine. (predicted %s GiB left for KV)" % _gib(available))
         elif not fits_one:
-            estimate = _max_len_fitting(available, page, layers, bs, max_len)
+            estimate = layout.max_len_fitting(available, max_len)
             reasons.append("To serve at least one request with the model's max seq len (%d), (%s GiB KV cache is "
                            "needed, which is larger than the available KV cache memory (%s GiB). Based on the "
                            "available memory, the estimated maximum model length is %d. Try increasing "
@@ -597,7 +791,7 @@ def plan(req: PlanRequest) -> Plan:
                            % (max_len, max_concurrency, req.min_concurrency))
 
     result = Plan(
-        kv_bytes_per_token=per_layer * layers,
+        kv_bytes_per_token=per_layer * (layers if layout.uniform else shape.layer_kinds.count("full")),
         weights_bytes_per_gpu=weights,
         available_kv_cache_bytes=int(available),
         num_gpu_blocks=num_blocks,
@@ -618,7 +812,7 @@ def plan(req: PlanRequest) -> Plan:
         kv_cache_memory_margin_bytes=margin_bytes,
     )
     if covered:
-        result.suggestions = suggest(req, result, version, page, layers, memory_short)
+        result.suggestions = suggest(req, result, version, layout, memory_short)
     return result
 
 
@@ -654,8 +848,8 @@ def _pinned_pool(req: PlanRequest, pinned, available: int, budget: int, page: in
     return pinned, pinned, 0
 
 
-def _needed_blocks(req: PlanRequest, max_len: int) -> int:
-    per_request = -(-max_len // req.block_size)
+def _needed_blocks(req: PlanRequest, layout: KvLayout, max_len: int) -> int:
+    per_request = layout.blocks_per_request(max_len)
     return max(per_request, math.ceil(per_request * (req.min_concurrency or 1)))
 
 
@@ -664,10 +858,21 @@ def _needed_blocks(req: PlanRequest, max_len: int) -> int:
 MAX_SUGGESTED_UTILIZATION = 0.98
 
 
-def largest_max_model_len(num_blocks: int, block_size: int, min_concurrency: Optional[float], cap: int) -> int:
+def largest_max_model_len(num_blocks: int, layout: KvLayout, min_concurrency: Optional[float], cap: int) -> int:
     """The longest max_model_len whose min_concurrency (1 if unset) requests fit in num_blocks (0: none fits)."""
     usable_blocks = int(num_blocks // (min_concurrency or 1))
-    return min(usable_blocks * block_size, cap)
+    if layout.uniform:
+        return min(usable_blocks * layout.block_size, cap)
+    if layout.blocks_per_request(1) > usable_blocks:
+        return 0
+    low, high = 1, cap
+    while low < high:
+        middle = (low + high + 1) // 2
+        if layout.blocks_per_request(middle) <= usable_blocks:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def utilization_that_fits(need_blocks: int, page_size_per_layer: int, layers: int, non_kv_bytes: int,
@@ -681,44 +886,44 @@ def utilization_that_fits(need_blocks: int, page_size_per_layer: int, layers: in
 
 
 def tensor_parallel_that_fits(req: PlanRequest, util: float, version: tuple, layers: int,
-                              need_blocks: int) -> Optional[int]:
-    """The nearest TP (larger first) that passes vLLM's constraint checks and holds need_blocks, else None."""
+                              max_len: int) -> Optional[int]:
+    """The nearest TP (larger first) that passes vLLM's constraint checks and holds the requests, else None."""
     current = req.tensor_parallel_size
     candidates = [tp for tp in (1, 2, 4, 8) if tp > current] + [tp for tp in (8, 4, 2, 1) if tp < current]
     for tp in candidates:
-        if not constraint_reasons(req, tp, version) and _fits_memory(req, tp, util, version, layers, need_blocks):
+        if not constraint_reasons(req, tp, version) and _fits_memory(req, tp, util, version, layers, max_len):
             return tp
     return None
 
 
-def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, need_blocks: int) -> bool:
+def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, max_len: int) -> bool:
     available = _available_for(req, tp, util, version)[0]
-    page = kv_bytes_per_token_per_layer(req.shape, tp, req.kv_cache_dtype, version) * req.block_size
-    return blocks_for(available, page, layers) >= need_blocks
+    layout = _layout_for(req, tp, req.kv_cache_dtype, version, layers)
+    return layout.num_blocks(available) >= _needed_blocks(req, layout, max_len)
 
 
-def suggest(req: PlanRequest, result: Plan, version: tuple, page: int, layers: int, memory_short: bool) -> dict:
+def suggest(req: PlanRequest, result: Plan, version: tuple, layout: KvLayout, memory_short: bool) -> dict:
     """The knobs that would make it fit: largest max_model_len; when it does not fit, utilization, fp8 KV cache,
     a TP that passes the constraint checks and fits, or expert parallelism for block-FP8 MoE shards. A knob that
     cannot fix it on its own goes to result.cannot_fit with its number."""
     shape = req.shape
-    bs = req.block_size
     out: dict = {}
     if req.allow_long_max_model_len:
-        cap = max(result.max_model_len, result.num_gpu_blocks * bs)
+        cap = max(result.max_model_len, result.num_gpu_blocks * layout.block_size)
     else:
         cap = shape.derived_max_model_len
-    out["max_model_len"] = largest_max_model_len(result.num_gpu_blocks, bs, req.min_concurrency, cap)
+    out["max_model_len"] = largest_max_model_len(result.num_gpu_blocks, layout, req.min_concurrency, cap)
     if result.fits or result.budget_bytes is None:
         return out
     if memory_short and not out["max_model_len"]:
         result.cannot_fit.append("no max_model_len fits at gpu_memory_utilization %.2f and tensor_parallel_size %d"
                                  % (result.gpu_memory_utilization, req.tensor_parallel_size))
-    need_blocks = _needed_blocks(req, result.max_model_len)
+    need_blocks = _needed_blocks(req, layout, result.max_model_len)
     util = result.gpu_memory_utilization or default_gpu_memory_utilization(version)
+    layers = max(layers_per_stage(shape.num_layers, req.pipeline_parallel_size))
     if memory_short:
         non_kv = result.budget_bytes - result.available_kv_cache_bytes
-        util_needed = utilization_that_fits(need_blocks, page, layers, non_kv, req.gpu_memory_bytes)
+        util_needed = utilization_that_fits(need_blocks, layout.page, layout.tensors, non_kv, req.gpu_memory_bytes)
         others = max(req.co_located_utilizations or [0.0])
         if util_needed > MAX_SUGGESTED_UTILIZATION:
             result.cannot_fit.append("no gpu_memory_utilization fits at tensor_parallel_size %d: it would take %.2f, "
@@ -729,10 +934,10 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, page: int, layers: i
         else:
             out["gpu_memory_utilization"] = util_needed
         if req.kv_cache_dtype == "auto":
-            fp8_page = kv_bytes_per_token_per_layer(shape, req.tensor_parallel_size, "fp8", version) * bs
-            if blocks_for(result.available_kv_cache_bytes, fp8_page, layers) >= need_blocks:
+            fp8 = _layout_for(req, req.tensor_parallel_size, "fp8", version, layers)
+            if fp8.num_blocks(result.available_kv_cache_bytes) >= _needed_blocks(req, fp8, result.max_model_len):
                 out["kv_cache_dtype"] = "fp8"
-    tp = tensor_parallel_that_fits(req, util, version, layers, need_blocks)
+    tp = tensor_parallel_that_fits(req, util, version, layers, result.max_model_len)
     if tp is not None:
         out["tensor_parallel_size"] = tp
     elif memory_short:

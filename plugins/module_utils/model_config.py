@@ -65,8 +65,19 @@ class ModelShape:
     quant_method: Optional[str] = None
     weight_bits: float = 16.0
     weight_block_size: Optional[tuple] = None
-    # Why the uniform KV formula does not apply (sliding window, hybrid); empty when it does.
+    # Why the KV cache cannot be described (a layer mix the planner does not know); empty when it can.
     non_uniform_reason: str = ""
+    # Per-layer KV kind where the layers differ (vLLM puts each kind in its own KV-cache groups): "full",
+    # "sliding:<window>", "mamba" (a recurrent state: Mamba2 or gated delta net) or "none" (an MLP-only layer).
+    # Empty: every layer is full attention.
+    layer_kinds: tuple = ()
+    # The recurrent state of the "mamba" layers: ("mamba2", d_conv, intermediate, n_groups, d_state, n_heads,
+    # head_dim) or ("gated_delta_net", conv_kernel, num_k_heads, head_k_dim, num_v_heads, head_v_dim).
+    mamba_state: tuple = ()
+    # Bytes per element of the SSM state when vLLM does not follow the model dtype (Nemotron-H: fp32); 0: it does.
+    mamba_ssm_dtype_bytes: int = 0
+    # The vision encoder of a vision-language checkpoint (vision_config): parameters, and its own config.
+    vision_parameters: int = 0
     checkpoint_bytes: Optional[int] = None
     extra: dict = field(default_factory=dict)
 
@@ -195,16 +206,106 @@ def _quantization(cfg: dict) -> tuple:
     return method, 16.0, block
 
 
-def _non_uniform_reason(cfg: dict, model_type: str) -> str:
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and len(set(map(str, layer_types))) > 1:
-        return ("layers of several attention types (%s): vLLM sizes each type as its own KV-cache group"
-                % ", ".join(sorted(set(map(str, layer_types)))))
-    if model_type in NON_UNIFORM_MODEL_TYPES:
-        return "model_type %s mixes sliding-window / local / linear attention layers" % model_type
-    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
-        return "sliding_window %s is active: vLLM keeps only the window's KV for those layers" % cfg["sliding_window"]
-    return ""
+# config.json layer_types spellings, by the KV kind vLLM gives the layer.
+_FULL_TYPES = frozenset({"full_attention", "attention", "global_attention", "global"})
+_SLIDING_TYPES = frozenset({"sliding_attention", "sliding_window_attention", "local_attention", "local"})
+_STATE_TYPES = frozenset({"mamba", "mamba2", "linear_attention"})
+# Nemotron-H's hybrid_override_pattern: M a Mamba2 layer, * attention, - an MLP, E an MoE block (neither caches).
+_NEMOTRON_H_KINDS = {"M": "mamba", "*": "full", "-": "none", "E": "none"}
+
+
+def _declared_layer_types(cfg: dict, model_type: str, num_layers: int) -> Optional[list]:
+    """The config's per-layer types, or the ones transformers derives for the model types that do not list them."""
+    declared = cfg.get("layer_types")
+    if isinstance(declared, list):
+        return [str(t) for t in declared]
+    if model_type == "nemotron_h" and isinstance(cfg.get("hybrid_override_pattern"), str):
+        return list(cfg["hybrid_override_pattern"])
+    if model_type in ("gemma3", "gemma3_text") and cfg.get("sliding_window"):
+        # Gemma3TextConfig: every sliding_window_pattern-th layer is global
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    if model_type in ("gemma2", "gpt_oss") and cfg.get("sliding_window"):
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if model_type == "qwen3_next":
+        interval = int(cfg.get("full_attention_interval") or 4)
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+    return None
+
+
+def _layer_kinds(cfg: dict, model_type: str, num_layers: int) -> tuple:
+    """(layer_kinds, why they cannot be described): see ModelShape.layer_kinds."""
+    declared = _declared_layer_types(cfg, model_type, num_layers)
+    window = cfg.get("sliding_window")
+    if declared is None:
+        if model_type in NON_UNIFORM_MODEL_TYPES:
+            return (), "model_type %s mixes attention kinds in a way the planner does not read" % model_type
+        if window and cfg.get("use_sliding_window", True) is not False:
+            return (), ("sliding_window %s with no layer_types: which layers use the window is not stated"
+                        % window)
+        return (), ""
+    if len(declared) != num_layers:
+        return (), "layer_types lists %d layers, num_hidden_layers says %d" % (len(declared), num_layers)
+    kinds = []
+    for layer_type in declared:
+        if model_type == "nemotron_h" and layer_type in _NEMOTRON_H_KINDS:
+            kinds.append(_NEMOTRON_H_KINDS[layer_type])
+        elif layer_type in _FULL_TYPES:
+            kinds.append("full")
+        elif layer_type in _SLIDING_TYPES and isinstance(window, int) and window > 0:
+            kinds.append("sliding:%d" % window)
+        elif layer_type in _STATE_TYPES:
+            kinds.append("mamba")
+        else:
+            return (), "layer type %r is not one the planner sizes" % layer_type
+    return (tuple(kinds) if set(kinds) != {"full"} else ()), ""
+
+
+def _mamba_state(cfg: dict, model_type: str) -> tuple:
+    """ModelShape.mamba_state, from the fields vLLM's model class reads (get_mamba_state_shape_from_config)."""
+    def get(name):
+        value = cfg.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    if model_type == "qwen3_next":
+        fields = (get("linear_conv_kernel_dim"), get("linear_num_key_heads"), get("linear_key_head_dim"),
+                  get("linear_num_value_heads"), get("linear_value_head_dim"))
+        return ("gated_delta_net",) + fields if None not in fields else ()
+    if model_type == "nemotron_h":
+        heads, head_dim = get("mamba_num_heads"), get("mamba_head_dim")
+        fields = (get("conv_kernel"), heads * head_dim if heads and head_dim else None, get("n_groups"),
+                  get("ssm_state_size"), heads, head_dim)
+        return ("mamba2",) + fields if None not in fields else ()
+    if model_type in ("granitemoehybrid", "bamba"):
+        expand, hidden = get("mamba_expand"), get("hidden_size")
+        fields = (get("mamba_d_conv"), expand * hidden if expand and hidden else None, get("mamba_n_groups"),
+                  get("mamba_d_state"), get("mamba_n_heads"), get("mamba_d_head"))
+        return ("mamba2",) + fields if None not in fields else ()
+    return ()
+
+
+def vision_parameters(vision: Any, text_hidden: int) -> int:
+    """Parameters of a ViT-style vision encoder from its vision_config (0 without one): per block attention (4 x
+    width^2) and a two-matrix MLP; the patch embedding; the merger(s) that project merged patches to the text width
+    (Qwen-VL: spatial_merge_size^2 patches a token; one merger per deepstack layer besides the last)."""
+    if not isinstance(vision, dict):
+        return 0
+    width = vision.get("hidden_size") or vision.get("embed_dim") or 0
+    depth = vision.get("depth") or vision.get("num_hidden_layers") or 0
+    if not (isinstance(width, int) and isinstance(depth, int) and width > 0 and depth > 0):
+        return 0
+    inter = vision.get("intermediate_size") or 4 * width
+    patch = vision.get("patch_size") or 14
+    channels = vision.get("in_channels") or vision.get("num_channels") or 3
+    temporal = vision.get("temporal_patch_size") or 1
+    blocks = depth * (4 * width * width + 2 * width * inter)
+    embed = channels * temporal * patch * patch * width + (vision.get("num_position_embeddings") or 0) * width
+    merge = vision.get("spatial_merge_size") or 0
+    mergers = 0
+    if merge:
+        merged = width * merge * merge
+        out = vision.get("out_hidden_size") or text_hidden
+        mergers = (1 + len(vision.get("deepstack_visual_indexes") or ())) * (merged * merged + merged * out)
+    return blocks + embed + mergers
 
 
 def _derived_max_model_len(cfg: dict, max_position_embeddings: int) -> tuple:
@@ -249,7 +350,8 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
                                  default=4 * hidden)
     if num_experts and not moe_inter:
         moe_inter = intermediate  # Mixtral spells the expert width intermediate_size
-    shared_inter = _positive_int(lm, source, ("shared_expert_intermediate_size",), required=False)
+    shared_inter = _positive_int(lm, source, ("shared_expert_intermediate_size", "shared_intermediate_size"),
+                                 required=False)
     if not shared_inter and lm.get("n_shared_experts"):
         shared_inter = int(lm["n_shared_experts"]) * moe_inter
     dense_layers = _positive_int(lm, source, ("first_k_dense_replace",), required=False)
@@ -257,6 +359,12 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
         dense_layers += len(lm["mlp_only_layers"])
     kv_lora_rank = _positive_int(lm, source, ("kv_lora_rank",), required=False)
     dtype = str(lm.get("torch_dtype") or lm.get("dtype") or "bfloat16")
+    layer_kinds, non_uniform = ((), "") if kv_lora_rank else _layer_kinds(lm, model_type, num_layers)
+    mamba_state = _mamba_state(lm, model_type) if "mamba" in layer_kinds else ()
+    if "mamba" in layer_kinds and not mamba_state:
+        layer_kinds, non_uniform = (), "model_type %s has recurrent-state layers the planner does not size" % model_type
+    if model_type == "nemotron_h" and head_dim == hidden // heads and isinstance(lm.get("attention_head_dim"), int):
+        head_dim = lm["attention_head_dim"]
     return ModelShape(
         source=source,
         model_type=model_type,
@@ -270,7 +378,8 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
         max_position_embeddings=max_pos,
         derived_max_model_len=derived,
         rope_scaling_type=rope_type,
-        tie_word_embeddings=bool(lm.get("tie_word_embeddings", False)),
+        # transformers' default where the config leaves it out: Gemma configs tie, the others do not
+        tie_word_embeddings=bool(lm.get("tie_word_embeddings", model_type.startswith("gemma"))),
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=_positive_int(lm, source, ("qk_rope_head_dim",), required=False),
         qk_nope_head_dim=_positive_int(lm, source, ("qk_nope_head_dim",), required=False),
@@ -285,7 +394,13 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
         quant_method=quant_method,
         weight_bits=bits,
         weight_block_size=block,
-        non_uniform_reason="" if kv_lora_rank else _non_uniform_reason(lm, model_type),
+        non_uniform_reason=non_uniform,
+        layer_kinds=layer_kinds,
+        mamba_state=mamba_state,
+        # vLLM's NemotronH config hook: the SSM state in fp32 unless the config names a dtype
+        mamba_ssm_dtype_bytes=(_DTYPE_BYTES.get(str(lm.get("mamba_ssm_cache_dtype") or "float32"), 4)
+                               if model_type == "nemotron_h" else 0),
+        vision_parameters=vision_parameters(cfg.get("vision_config"), hidden),
         extra={"dtype_bytes": _DTYPE_BYTES.get(dtype, 2)},
     )
 

@@ -221,10 +221,77 @@ def test_co_located_instances_must_sum_below_one():
     assert any(">= 1.0" in r for r in result.reasons)
 
 
-def test_sliding_window_model_is_not_guessed():
-    result = run("gpt-oss-20b", gpu_memory_bytes=80 * GIB)
+# --- layers of several kinds (vLLM 0.26's KV-cache groups) ---------------------------------------------------
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "benchmarks", "gpu_compare", "model-configs")
+
+
+def bench_shape(name):
+    return load_model_shape(os.path.join(CONFIGS, name))
+
+
+def test_gpt_oss_sliding_layers_keep_window_and_tokens_in_flight():
+    # 12 full + 12 sliding (128) layers: 2 groups of 12; a request at 131072 tokens takes 8192 full blocks and
+    # cdiv(127 + 2 x 8192, 16) + 1 = 1033 sliding ones (vllm/v1/kv_cache_interface.py SlidingWindowSpec)
+    result = run("gpt-oss-20b", gpu_memory_bytes=80 * GIB, vllm_version="0.26.0")
+    layout = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192)
+    assert (layout.tensors, sorted(layout.groups), layout.padding_layers) == (12, [("full", 0), ("sliding", 128)], 0)
+    assert layout.page == 16 * 8 * 64 * 2 * 2
+    assert layout.blocks_per_request(131072) == 8192 + 1033
+    assert result.covered and result.fits
+    assert result.num_gpu_blocks == result.available_kv_cache_bytes // layout.page // 12
+    assert result.max_concurrency == round(result.num_gpu_blocks / 9225, 2)
+    assert result.kv_cache_tokens == int(result.num_gpu_blocks / 9225 * 131072)
+    assert "2 KV-cache groups of 12 layers" in " ".join(result.notes)
+    # fewer batched tokens, fewer sliding blocks
+    assert kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 2048).blocks_per_request(32768) == 2048 + 265
+
+
+def test_gemma3_groups_pad_the_last_sliding_group():
+    # 10 full + 52 sliding (1024): group size 10, 6 sliding groups with 8 padding layers; 2048 + 6 x 1089 blocks
+    layout = kc.kv_layout(bench_shape("gemma-3-27b-it-text"), 1, "auto", 16, 8192)
+    assert (layout.tensors, len(layout.groups), layout.padding_layers) == (10, 7, 8)
+    assert layout.blocks_per_request(32768) == 2048 + 6 * 1089
+    assert kc.kv_layout(bench_shape("gemma-3-1b-it"), 1, "auto", 16, 8192).blocks_per_request(32768) == 2048 + 6 * 1057
+
+
+def test_hybrid_attention_block_is_raised_to_hold_a_recurrent_state():
+    # Qwen3-Next: gated delta net state (3 x 8192 + 32 x 128 x 128) x 2 bytes = 1,097,728; attention 2048 bytes a
+    # token, so the block is 16 x cdiv(1097728, 16 x 2048) = 544 tokens and the state page is padded to 1,114,112
+    layout = kc.kv_layout(bench_shape("Qwen3-Next-80B-A3B-Instruct-FP8"), 1, "auto", 16, 8192)
+    assert layout.mamba_page == 1097728
+    assert (layout.block_size, layout.page, layout.tensors) == (544, 1114112, 12)
+    assert layout.groups.count(("mamba", 0)) == 3 and layout.blocks_per_request(32768) == 61 + 3
+    fp8 = kc.kv_layout(bench_shape("Qwen3-Next-80B-A3B-Instruct-FP8"), 1, "fp8", 16, 8192)
+    assert (fp8.block_size, fp8.page) == (1072, 1097728)  # no padding: the fp8 page is the state exactly
+    # Nemotron-H keeps its SSM state in fp32 (vLLM's NemotronH config hook); MLP layers cache nothing
+    nemotron = kc.kv_layout(bench_shape("Nemotron-H-8B-Base-8K"), 1, "auto", 16, 8192)
+    conv = 3 * (8192 + 2 * 8 * 128) * 2
+    assert nemotron.mamba_page == conv + 128 * 64 * 128 * 4
+    assert nemotron.tensors == 4 and nemotron.groups.count(("mamba", 0)) == 6
+
+
+def test_hybrid_state_is_split_by_tensor_parallelism():
+    micro = bench_shape("granite-4.0-h-micro")
+    one, two = kc.mamba_page_bytes(micro, 1), kc.mamba_page_bytes(micro, 2)
+    # one group replicated to each of the two ranks: conv (4096 + 2 x 2 x 128) / 2, state 64 / 2 heads
+    assert one == 3 * (4096 + 2 * 128) * 2 + 64 * 64 * 128 * 2
+    assert two == 3 * ((4096 + 2 * 2 * 128) // 2) * 2 + 32 * 64 * 128 * 2
+
+
+def test_layers_of_several_kinds_are_not_predicted_before_the_rules_were_read():
+    result = run("gpt-oss-20b", gpu_memory_bytes=80 * GIB, vllm_version="0.20.0")
     assert not result.covered and not result.fits
-    assert result.reasons[0].startswith("Not predicted:")
+    assert result.reasons[0].startswith("Not predicted:") and "kv_cache_memory: auto" in result.reasons[0]
+    piped = run("gpt-oss-20b", gpu_memory_bytes=80 * GIB, vllm_version="0.26.0", pipeline_parallel_size=2)
+    assert not piped.covered
+
+
+def test_sliding_misfit_names_the_longest_length_that_fits():
+    result = run("gpt-oss-20b", gpu_memory_bytes=80 * GIB, vllm_version="0.26.0", available_kv_cache_bytes=2 * GIB)
+    layout = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192)
+    assert not result.fits
+    longest = result.suggestions["max_model_len"]
+    assert layout.needed_bytes(longest) <= 2 * GIB < layout.needed_bytes(longest + 1)
 
 
 # --- bad input -----------------------------------------------------------------------------------------------
@@ -394,11 +461,12 @@ def test_public_rows_are_not_worse_than_before_the_026_terms():
 # --- misfit fixes with numbers -------------------------------------------------------------------------------
 
 def test_largest_max_model_len_is_whole_blocks_per_required_request():
-    assert kc.largest_max_model_len(1000, 16, None, 40960) == 16000
-    assert kc.largest_max_model_len(1000, 16, 4, 40960) == 250 * 16
-    assert kc.largest_max_model_len(1000, 16, 3, 40960) == 333 * 16
-    assert kc.largest_max_model_len(10000, 16, None, 40960) == 40960  # capped by the config
-    assert kc.largest_max_model_len(0, 16, None, 40960) == 0
+    uniform = kc.KvLayout(block_size=16, page=16 * 4096, tensors=36, groups=(("full", 0),))
+    assert kc.largest_max_model_len(1000, uniform, None, 40960) == 16000
+    assert kc.largest_max_model_len(1000, uniform, 4, 40960) == 250 * 16
+    assert kc.largest_max_model_len(1000, uniform, 3, 40960) == 333 * 16
+    assert kc.largest_max_model_len(10000, uniform, None, 40960) == 40960  # capped by the config
+    assert kc.largest_max_model_len(0, uniform, None, 40960) == 0
 
 
 def test_utilization_that_fits_is_the_lowest_hundredth():
@@ -431,7 +499,7 @@ def test_misfit_suggestions_each_fix_it_with_the_calibrated_terms():
     assert not kc.plan(kc.PlanRequest(**dict(request.__dict__, gpu_memory_utilization=round(util - 0.01, 2)))).fits
     tp = fixes["tensor_parallel_size"]
     assert tp == 2
-    assert kc.tensor_parallel_that_fits(request, 0.5, (0, 26, 0), 64, 4 * 40960 // 16) == 2
+    assert kc.tensor_parallel_that_fits(request, 0.5, (0, 26, 0), 64, 40960) == 2
     assert kc.plan(kc.PlanRequest(**dict(request.__dict__, tensor_parallel_size=tp, weights_bytes_per_gpu=None))).fits
     message = kc.summary(result)
     assert "max_model_len %d or less" % fixes["max_model_len"] in message

@@ -55,9 +55,33 @@ def test_mla_fields():
     assert shape.derived_max_model_len == 163840
 
 
-def test_sliding_window_model_is_flagged():
+def test_sliding_window_layers_are_read_from_layer_types():
     shape = load_model_shape(fixture("gpt-oss-20b"))
-    assert "sliding_attention" in shape.non_uniform_reason
+    assert shape.layer_kinds[:2] == ("sliding:128", "full") and shape.layer_kinds.count("full") == 12
+    assert shape.non_uniform_reason == ""
+
+
+def test_layer_kinds_derived_where_the_config_lists_none():
+    gemma = parse_config({"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 4,
+                          "num_key_value_heads": 1, "hidden_size": 1152, "head_dim": 256,
+                          "max_position_embeddings": 32768, "sliding_window": 512, "sliding_window_pattern": 6})
+    assert gemma.layer_kinds == ("sliding:512",) * 5 + ("full",) + ("sliding:512",) * 5 + ("full",)
+    nemotron = parse_config({"model_type": "nemotron_h", "num_hidden_layers": 4, "num_attention_heads": 8,
+                             "num_key_value_heads": 2, "hidden_size": 512, "attention_head_dim": 128,
+                             "max_position_embeddings": 8192, "hybrid_override_pattern": "M-*E",
+                             "mamba_num_heads": 8, "mamba_head_dim": 64, "n_groups": 1, "ssm_state_size": 16,
+                             "conv_kernel": 4})
+    assert nemotron.layer_kinds == ("mamba", "none", "full", "none") and nemotron.head_dim == 128
+    assert nemotron.mamba_state == ("mamba2", 4, 512, 1, 16, 8, 64) and nemotron.mamba_ssm_dtype_bytes == 4
+
+
+def test_unknown_layer_kinds_are_not_guessed():
+    odd = parse_config({"model_type": "x", "num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 512,
+                        "max_position_embeddings": 2048, "layer_types": ["full_attention", "rnn"]})
+    assert odd.layer_kinds == () and "'rnn'" in odd.non_uniform_reason
+    hybrid = parse_config({"model_type": "jamba", "num_hidden_layers": 2, "num_attention_heads": 8,
+                           "hidden_size": 512, "max_position_embeddings": 2048})
+    assert hybrid.layer_kinds == () and "jamba" in hybrid.non_uniform_reason
 
 
 def test_head_dim_falls_back_to_hidden_over_heads():
