@@ -45,9 +45,15 @@ PATTERNS = {
     "suggested_kv_cache_memory_bytes": r"Replace gpu_memory_utilization config with `--kv-cache-memory=(\d+)`",
     "max_num_batched_tokens": r"max_num_batched_tokens=(\d+)",
     "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "encoder_budget_tokens": r"Encoder cache will be initialized with a budget of (\d+) tokens",
+    "encoder_profile_items": r"and profiled with (\d+) \w+ items of the maximum feature size",
+    "attention_block_size": r"Setting attention block size to (\d+) tokens",
+    "mamba_page_padding_pct": r"Padding mamba page size by ([\d.]+)%",
+    "padding_layers": r"Add (\d+) padding layers",
     "compile_s": r"torch.compile took ([\d.]+) s in total",
 }
-INT_FIELDS = {"kv_cache_tokens", "suggested_kv_cache_memory_bytes", "max_num_batched_tokens"}
+INT_FIELDS = {"kv_cache_tokens", "suggested_kv_cache_memory_bytes", "max_num_batched_tokens", "encoder_budget_tokens",
+              "encoder_profile_items", "attention_block_size", "padding_layers"}
 
 
 def parse_log(text):

@@ -190,7 +190,12 @@ def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_cache_dtype: str
 # `group_size` layers (the smallest type's count, or the largest's when that is under 1.5 times it), the last group
 # of a type padded. Every group shares one pool of blocks held in group_size tensors, so a block costs
 # group_size x page bytes and a request takes blocks in every group.
-LAYOUT_RULES_FROM = (0, 26, 0)
+# The releases whose rules were read, by the kinds a layout holds: 0.26.0 (checked against its startups on an H200,
+# benchmarks/data/kv-h200-vllm0.26-families-2026-12-05) and 0.33.0, whose sliding-window rules are 0.26's but whose
+# hybrids cache prefixes by default (other blocks a request) and whose fit check holds one block back. 0.34 sizes
+# the pool from memory measured after warm-up and uses 64-token blocks.
+LAYOUT_RULES_READ = {"sliding": ((0, 26), (0, 33)), "mamba": ((0, 26),)}
+NULL_BLOCK_IN_FIT_CHECK_FROM = (0, 33, 0)
 # Sliding-window layers keep the window plus the tokens in flight: max_concurrent_batches (2: async scheduling, on
 # by default, one pipeline stage) x max_num_batched_tokens (vllm/config/vllm.py max_in_flight_tokens).
 IN_FLIGHT_BATCHES = 2
@@ -212,6 +217,8 @@ class KvLayout:
     in_flight_tokens: int = 0
     padding_layers: int = 0
     mamba_page: int = 0
+    # blocks the fit check holds back (vLLM 0.33: the null block)
+    reserved_blocks: int = 0
 
     @property
     def uniform(self) -> bool:
@@ -229,7 +236,7 @@ class KvLayout:
         return total
 
     def needed_bytes(self, max_len: int) -> int:
-        return self.tensors * self.page * self.blocks_per_request(max_len)
+        return self.tensors * self.page * (self.blocks_per_request(max_len) + self.reserved_blocks)
 
     def num_blocks(self, available: int) -> int:
         return blocks_for(available, self.page, self.tensors)
@@ -294,7 +301,14 @@ def kv_layout(shape: ModelShape, tp: int, kv_cache_dtype: str, block_size: int, 
         groups.extend([entry] * number)
     return KvLayout(block_size=block_size, page=per_token * block_size, tensors=group_size, groups=tuple(groups),
                     in_flight_tokens=IN_FLIGHT_BATCHES * batched_tokens, padding_layers=padding,
-                    mamba_page=mamba_page)
+                    mamba_page=mamba_page,
+                    reserved_blocks=1 if version is not None and version >= NULL_BLOCK_IN_FIT_CHECK_FROM else 0)
+
+
+def layout_rules_read(shape: ModelShape, version: tuple) -> bool:
+    """Whether this planner read vLLM's grouping rules of this release for every kind of layer the model has."""
+    kinds = {"mamba" if kind == "mamba" else "sliding" for kind in shape.layer_kinds if kind not in ("full", "none")}
+    return all(version[:2] in LAYOUT_RULES_READ[kind] for kind in kinds)
 
 
 @dataclass
@@ -326,6 +340,9 @@ class PlanRequest:
     # vLLM's --limit-mm-per-prompt ({modality: count}); None: vLLM's default (999 of each). All zero: a vision-language
     # model runs text-only, its vision tower neither loaded nor profiled.
     limit_mm_per_prompt: Optional[dict] = None
+    # The model runner vLLM uses ("v1" or "v2"); None: the one it picks for the model (VLLM_USE_V2_MODEL_RUNNER
+    # overrides that choice).
+    model_runner: Optional[str] = None
 
 
 @dataclass
@@ -525,6 +542,8 @@ def mlp_width_per_gpu(shape: ModelShape, tp: int, expert_parallel: bool) -> floa
     if shape.is_moe:
         moe_tp = 1 if expert_parallel else tp
         return shape.num_experts_per_tok * (2.0 * shape.moe_intermediate_size / moe_tp + shape.hidden_size)
+    if shape.model_type == "nemotron_h":
+        return 1.0 * shape.intermediate_size / tp  # relu2: one up projection, no gate
     return 2.0 * shape.intermediate_size / tp
 
 
@@ -556,10 +575,47 @@ def uses_model_runner_v1(shape: ModelShape, version: tuple) -> bool:
     return version < CALIBRATED_026_FROM or shape.is_moe or "mamba" in shape.layer_kinds
 
 
+def runner_v1(req: PlanRequest, version: tuple) -> bool:
+    if req.model_runner:
+        return req.model_runner == "v1"
+    return uses_model_runner_v1(req.shape, version)
+
+
+# Model runner V2 profiles no vision encoder in 0.26 (its MM budget is a TODO there) and does from 0.33 on, as V1
+# does (vllm/v1/worker/gpu/model_runner.py profile_run, as read in both releases).
+ENCODER_PROFILED_BY_V2_FROM = (0, 33, 0)
+# Modalities a vision tower serves when the planner does not know the family's processor.
+DEFAULT_MODALITIES = ("image",)
+# vLLM's default --limit-mm-per-prompt for a modality it is not given (vllm/config/multimodal.py).
+DEFAULT_MM_LIMIT = 999
+
+
+def active_modalities(req: PlanRequest) -> List[tuple]:
+    """(modality, most tokens an item) of the modalities whose limit is above 0 (vLLM's default limit is 999)."""
+    shape = req.shape
+    served = shape.vision_tokens_per_item or tuple((name, 0) for name in DEFAULT_MODALITIES)
+    limits = req.limit_mm_per_prompt or {}
+    return [(name, tokens) for name, tokens in served if int(limits.get(name, DEFAULT_MM_LIMIT)) > 0]
+
+
 def vision_tower_loaded(req: PlanRequest) -> bool:
-    """Whether vLLM loads the vision encoder: a vision-language model unless every modality's limit is 0."""
-    limits = req.limit_mm_per_prompt
-    return req.shape.vision_parameters > 0 and not (limits and all(int(n) == 0 for n in limits.values()))
+    """Whether vLLM loads the vision encoder: a vision-language model unless every modality it serves is limited to 0
+    (then it runs text-only and skips the tower)."""
+    return req.shape.vision_parameters > 0 and bool(active_modalities(req))
+
+
+def encoder_profile_bytes(req: PlanRequest, batched_tokens: int) -> Optional[int]:
+    """What model runner V1's profile holds for the vision encoder while it runs the language model: the encoder's
+    outputs for the dummy batch (items of the modality with the most tokens, as many as the encoder budget
+    max(max_num_batched_tokens, that item) holds), at the width it hands the language model, 16-bit. None where the
+    family's tokens per item are not known (vllm/v1/worker/gpu_model_runner.py profile_run,
+    vllm/multimodal/encoder_budget.py)."""
+    active = active_modalities(req)
+    if not active or not all(tokens for _name, tokens in active):
+        return None
+    tokens = max(tokens for _name, tokens in active)
+    items = max(batched_tokens, tokens) // tokens
+    return items * tokens * req.shape.vision_output_width * 2
 
 
 def activation_peak_bytes_026(shape: ModelShape, tp: int, batched_tokens: int, num_seqs: int,
@@ -573,13 +629,16 @@ def activation_peak_bytes_026(shape: ModelShape, tp: int, batched_tokens: int, n
     return int(ACTIVATION_026_BASE_BYTES + forward + sampler)
 
 
-def cudagraph_in_budget_bytes(shape: ModelShape, version: tuple, enforce_eager: bool) -> int:
+def cudagraph_in_budget_bytes(shape: ModelShape, version: tuple, enforce_eager: bool,
+                              runner_is_v1: Optional[bool] = None) -> int:
     """The CUDA-graph estimate vLLM subtracts from the budget while profiling (0 where graphs live outside it)."""
     if enforce_eager or version < CUDAGRAPH_IN_BUDGET_FROM:
         return 0
     if version < CALIBRATED_026_FROM:
         return CUDAGRAPH_ESTIMATE_BYTES
-    return CUDAGRAPH_026_V1_ESTIMATE_BYTES if uses_model_runner_v1(shape, version) else 0
+    if runner_is_v1 is None:
+        runner_is_v1 = uses_model_runner_v1(shape, version)
+    return CUDAGRAPH_026_V1_ESTIMATE_BYTES if runner_is_v1 else 0
 
 
 # --- the plan ------------------------------------------------------------------------------------------------
@@ -602,14 +661,19 @@ def _non_kv_bytes(req: PlanRequest, tp: int, version: tuple) -> dict:
     tokens = req.max_num_batched_tokens or default_tokens
     seqs = req.max_num_seqs or default_seqs
     weights, source = weights_per_gpu(req, tp)
+    v1 = runner_v1(req, version)
     if version >= CALIBRATED_026_FROM:
-        act = activation_peak_bytes_026(shape, tp, tokens, seqs, req.enable_expert_parallel,
-                                        uses_model_runner_v1(shape, version))
+        act = activation_peak_bytes_026(shape, tp, tokens, seqs, req.enable_expert_parallel, v1)
         non_torch = non_torch_bytes(tp, req.pipeline_parallel_size, NON_TORCH_026_BYTES_BY_TP)
+        if vision_tower_loaded(req):
+            # Qwen3-VL's deepstack input buffers (max_num_batched_tokens x text width each) are made at load
+            weights += shape.deepstack_levels * tokens * shape.hidden_size * 2
+            if v1 or version >= ENCODER_PROFILED_BY_V2_FROM:
+                act += encoder_profile_bytes(req, tokens) or 0
     else:
         act = activation_peak_bytes(shape, tp, tokens, seqs, req.enable_expert_parallel)
         non_torch = non_torch_bytes(tp, req.pipeline_parallel_size)
-    cudagraph = cudagraph_in_budget_bytes(shape, version, req.enforce_eager)
+    cudagraph = cudagraph_in_budget_bytes(shape, version, req.enforce_eager, v1)
     return {"weights": weights, "weights_source": source, "activation": act, "non_torch": non_torch,
             "cudagraph": cudagraph, "batched_tokens": tokens, "num_seqs": seqs}
 
@@ -699,14 +763,25 @@ def plan(req: PlanRequest) -> Plan:
     notes: List[str] = []
     unpredicted = shape.non_uniform_reason
     if shape.layer_kinds and not unpredicted:
-        if version < LAYOUT_RULES_FROM:
-            unpredicted = ("its layers are of several kinds (%s), and vLLM %s groups them by rules this planner "
-                           "reads from 0.26 on" % (layer_kinds_text(shape), ".".join(map(str, version))))
+        if not layout_rules_read(shape, version):
+            unpredicted = ("its layers are of several kinds (%s), and how vLLM %s groups them was not read (this "
+                           "planner read the rules of 0.26 for recurrent-state layers, of 0.26 and 0.33 for "
+                           "sliding windows)" % (layer_kinds_text(shape), ".".join(map(str, version))))
         elif pp > 1:
             unpredicted = ("its layers are of several kinds (%s), grouped across pipeline stages: predicted for "
                            "pipeline_parallel_size 1 only" % layer_kinds_text(shape))
+    if (not unpredicted and req.device == "cuda" and version >= CALIBRATED_026_FROM
+            and (runner_v1(req, version) or version >= ENCODER_PROFILED_BY_V2_FROM)
+            and vision_tower_loaded(req) and encoder_profile_bytes(req, 1) is None):
+        unpredicted = ("vLLM profiles its vision encoder with the largest multimodal item, and the tokens of one "
+                       "item of model_type %s are not known to the planner (limit_mm_per_prompt with every "
+                       "modality 0 serves it text-only)" % shape.model_type)
     covered = not unpredicted
-    if not covered:
+    pinned = parse_kv_cache_memory(req.kv_cache_memory)
+    if not covered and pinned is not None and req.device == "cuda":
+        notes.append("Not predicted: %s. kv_cache_memory pins the pool, so vLLM allocates exactly it and makes its "
+                     "own blocks of it; no KV tokens or concurrency are claimed." % unpredicted)
+    elif not covered:
         reasons.append("Not predicted: %s. No KV size is claimed; kv_cache_memory: auto pins the predicted pool "
                        "instead, or check vLLM's own log, or set fail_on_misfit: false to roll out unchecked."
                        % unpredicted)
@@ -719,7 +794,6 @@ def plan(req: PlanRequest) -> Plan:
     budget = None
     weights = None
     parts = {"activation": 0, "non_torch": 0, "cudagraph": 0, "weights_source": ""}
-    pinned = parse_kv_cache_memory(req.kv_cache_memory)
     pool = None
     margin_bytes = 0
     if req.available_kv_cache_bytes is not None:

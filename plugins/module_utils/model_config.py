@@ -76,8 +76,14 @@ class ModelShape:
     mamba_state: tuple = ()
     # Bytes per element of the SSM state when vLLM does not follow the model dtype (Nemotron-H: fp32); 0: it does.
     mamba_ssm_dtype_bytes: int = 0
-    # The vision encoder of a vision-language checkpoint (vision_config): parameters, and its own config.
+    # The vision encoder of a vision-language checkpoint (vision_config): its parameters; the modalities it serves
+    # with the most tokens one item of each can become (vLLM's get_mm_max_tokens_per_item; empty where the planner
+    # does not know the family's processor); the width of what it hands the language model per token (all
+    # deepstack levels of Qwen3-VL included), and vLLM's deepstack input buffers (one per level).
     vision_parameters: int = 0
+    vision_tokens_per_item: tuple = ()
+    vision_output_width: int = 0
+    deepstack_levels: int = 0
     checkpoint_bytes: Optional[int] = None
     extra: dict = field(default_factory=dict)
 
@@ -283,6 +289,24 @@ def _mamba_state(cfg: dict, model_type: str) -> tuple:
     return ()
 
 
+# (modality, the most tokens one item becomes) by the checkpoint's model_type, with the family's published processor
+# files: Qwen3-VL's preprocessor_config.json (longest_edge 16777216 pixels: a 4096 x 4096 image of 16 px patches
+# merged 2 x 2) and video_preprocessor_config.json (25165824 over 2 frames: 3072 x 4096), as vLLM 0.26's
+# Qwen3-VL processing info computes them; Gemma 3: 256 tokens an image (pan-and-scan off).
+VISION_TOKENS_PER_ITEM = {
+    "qwen3_vl": (("image", 16384), ("video", 12288)),
+    "qwen3_vl_moe": (("image", 16384), ("video", 12288)),
+    "gemma3": (("image", 256),),
+}
+
+
+def _vision_output_width(vision: Any, text_hidden: int) -> int:
+    if not isinstance(vision, dict):
+        return 0
+    width = vision.get("out_hidden_size") or text_hidden
+    return width * (1 + len(vision.get("deepstack_visual_indexes") or ()))
+
+
 def vision_parameters(vision: Any, text_hidden: int) -> int:
     """Parameters of a ViT-style vision encoder from its vision_config (0 without one): per block attention (4 x
     width^2) and a two-matrix MLP; the patch embedding; the merger(s) that project merged patches to the text width
@@ -401,6 +425,9 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
         mamba_ssm_dtype_bytes=(_DTYPE_BYTES.get(str(lm.get("mamba_ssm_cache_dtype") or "float32"), 4)
                                if model_type == "nemotron_h" else 0),
         vision_parameters=vision_parameters(cfg.get("vision_config"), hidden),
+        vision_tokens_per_item=VISION_TOKENS_PER_ITEM.get(str(cfg.get("model_type")), ()),
+        vision_output_width=_vision_output_width(cfg.get("vision_config"), hidden),
+        deepstack_levels=len((cfg.get("vision_config") or {}).get("deepstack_visual_indexes") or ()),
         extra={"dtype_bytes": _DTYPE_BYTES.get(dtype, 2)},
     )
 

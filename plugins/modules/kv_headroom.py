@@ -137,6 +137,13 @@ options:
     description: The server sets C(VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), so O(max_model_len) may exceed the config's.
     type: bool
     default: false
+  limit_mm_per_prompt:
+    description:
+      - The server's C(--limit-mm-per-prompt) for a vision-language model, as a mapping of modality to count
+        (C(image), C(video)); a modality left out keeps vLLM's default of 999.
+      - With every modality the model serves at 0, vLLM runs it text-only and neither loads nor profiles its vision
+        encoder; otherwise the plan counts the encoder's weights and, where vLLM profiles it, its largest item.
+    type: dict
   fail_on_misfit:
     description: Fail the task when the plan does not fit; the message carries the suggested fix.
     type: bool
@@ -332,6 +339,10 @@ def build_request(params):
         gpu_name=gpu_name,
         co_located_utilizations=params["co_located_utilizations"],
         allow_long_max_model_len=params["allow_long_max_model_len"],
+        # counts may arrive as strings from a template
+        limit_mm_per_prompt=None if params["limit_mm_per_prompt"] is None else {
+            str(name): int(count) if str(count).isdigit() else count
+            for name, count in params["limit_mm_per_prompt"].items()},
         kv_cache_memory=parse_kv_cache_memory(params["kv_cache_memory"]),
         kv_cache_memory_margin=params["kv_cache_memory_margin_pct"] / 100.0,
     )
@@ -389,6 +400,7 @@ def main():
             min_concurrency=dict(type="float"),
             co_located_utilizations=dict(type="list", elements="float", default=[]),
             allow_long_max_model_len=dict(type="bool", default=False),
+            limit_mm_per_prompt=dict(type="dict"),
             fail_on_misfit=dict(type="bool", default=True),
             kv_cache_memory=dict(type="str", default=""),
             kv_cache_memory_margin_pct=dict(type="float", default=2.0),

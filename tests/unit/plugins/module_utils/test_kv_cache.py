@@ -286,6 +286,71 @@ def test_layers_of_several_kinds_are_not_predicted_before_the_rules_were_read():
     assert not piped.covered
 
 
+def test_layouts_only_for_the_releases_whose_rules_were_read():
+    # sliding windows: 0.26 and 0.33 read; recurrent state: 0.26 only (0.33 caches hybrid prefixes by default)
+    assert run("gpt-oss-20b", gpu_memory_bytes=141 * GIB, vllm_version="0.33.0").covered
+    assert not run("gpt-oss-20b", gpu_memory_bytes=141 * GIB, vllm_version="0.30.0").covered
+    nemotron = dict(model=bench_shape("Nemotron-H-8B-Base-8K"), gpu_memory_bytes=141 * GIB, max_model_len=8192)
+    assert kc.plan(kc.PlanRequest(vllm_version="0.26.0", **{k: v for k, v in nemotron.items() if k != "model"},
+                                  shape=nemotron["model"])).covered
+    unread = run(vllm_version="0.33.0", **nemotron)
+    assert not unread.covered and not unread.fits and "was not read" in unread.reasons[0]
+    # a pinned pool needs no layout: vLLM allocates exactly it, so the plan goes ahead and claims no tokens
+    pinned = run(vllm_version="0.33.0", kv_cache_memory="auto", **nemotron)
+    assert pinned.fits and not pinned.covered and pinned.kv_cache_memory_bytes > 0
+    assert any(note.startswith("Not predicted:") for note in pinned.notes)
+
+
+def test_null_block_held_back_by_the_fit_check_from_033():
+    layout_026 = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192, (0, 26, 0))
+    layout_033 = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192, (0, 33, 0))
+    assert layout_033.needed_bytes(32768) - layout_026.needed_bytes(32768) == 12 * layout_026.page
+
+
+def _vl(name, **kw):
+    values = dict(gpu_memory_bytes=int(139.8 * GIB), gpu_memory_utilization=0.9, max_model_len=32768,
+                  vllm_version="0.26.0", gpu_name="NVIDIA H200", enforce_eager=True)
+    values.update(kw)
+    return kc.plan(kc.PlanRequest(shape=bench_shape(name), **values))
+
+
+def test_text_only_vision_model_leaves_the_tower_out():
+    full = _vl("Qwen3-VL-8B-Instruct")
+    text = _vl("Qwen3-VL-8B-Instruct", limit_mm_per_prompt={"image": 0, "video": 0})
+    tower = 2 * bench_shape("Qwen3-VL-8B-Instruct").vision_parameters
+    deepstack = 3 * 8192 * 4096 * 2  # three deepstack input buffers of 8192 tokens x 4096
+    assert full.weights_bytes_per_gpu - text.weights_bytes_per_gpu == tower + deepstack
+    assert "without the vision tower" in text.weights_source
+    # video still served: the tower stays
+    video = _vl("Qwen3-VL-8B-Instruct", limit_mm_per_prompt={"image": 0})
+    assert video.weights_bytes_per_gpu == full.weights_bytes_per_gpu
+
+
+def test_runner_v1_profiles_the_largest_multimodal_item():
+    # Qwen3-VL-30B-A3B (MoE: model runner V1 in 0.26): one 16384-token image, its outputs at 2048 x 4 (deepstack)
+    with_images = _vl("Qwen3-VL-30B-A3B-Instruct")
+    text = _vl("Qwen3-VL-30B-A3B-Instruct", limit_mm_per_prompt={"image": 0, "video": 0})
+    assert with_images.activation_peak_bytes - text.activation_peak_bytes == 16384 * 2048 * 4 * 2
+    # a video item is 12288 tokens; the dense 8B on runner V2 profiles none in 0.26 and does from 0.33
+    video = _vl("Qwen3-VL-30B-A3B-Instruct", limit_mm_per_prompt={"image": 0})
+    assert video.activation_peak_bytes - text.activation_peak_bytes == 12288 * 2048 * 4 * 2
+    dense = _vl("Qwen3-VL-8B-Instruct")
+    assert dense.activation_peak_bytes == _vl("Qwen3-VL-8B-Instruct", limit_mm_per_prompt={"image": 0, "video": 0}
+                                              ).activation_peak_bytes
+    assert _vl("Qwen3-VL-8B-Instruct", vllm_version="0.33.0").activation_peak_bytes > dense.activation_peak_bytes
+
+
+def test_h200_family_startups_are_predicted_within_the_goal():
+    """vLLM 0.26.0's startups of vision-language, sliding-window and hybrid models (none fitted on): the logged
+    concurrency is the layout's from the logged memory, every verdict right, available memory within the goal."""
+    rows = BENCH.families_table(verbose=False)
+    assert len(rows) == 16
+    assert all(exact for _run, _result, _err, exact, _verdict in rows)
+    assert all(verdict for *_rest, verdict in rows)
+    errors = sorted(abs(err) for _run, _result, err, _exact, _verdict in rows)
+    assert statistics.median(errors) <= 0.01 and errors[-1] <= 0.02
+
+
 def test_sliding_misfit_names_the_longest_length_that_fits():
     result = run("gpt-oss-20b", gpu_memory_bytes=80 * GIB, vllm_version="0.26.0", available_kv_cache_bytes=2 * GIB)
     layout = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192)

@@ -141,3 +141,14 @@ def test_check_apply_and_again_give_the_same_facts_and_change_nothing(call):
     assert check["changed"] is False and apply["changed"] is False and again["changed"] is False
     assert check["num_gpu_blocks"] == apply["num_gpu_blocks"] == again["num_gpu_blocks"] > 0
     assert check == apply == again
+
+
+def test_text_only_limits_reach_the_plan(call):
+    """limit_mm_per_prompt from a template (counts as strings): every modality 0 plans Qwen3-VL without its tower."""
+    common = dict(model_config_path=os.path.join(FIXTURES, "Qwen3-VL-8B-Instruct"), gpu_memory_bytes=80 * GIB,
+                  max_model_len=32768, vllm_version="0.26.0")
+    _rc, full = call(**common)
+    rc, text = call(limit_mm_per_prompt={"image": "0", "video": "0"}, **common)
+    assert rc == 0 and text["weights_bytes_per_gpu"] < full["weights_bytes_per_gpu"]
+    rc, bad = call(limit_mm_per_prompt={"image": "many"}, **common)
+    assert rc == 1 and "limit_mm_per_prompt must map modalities" in bad["msg"]
