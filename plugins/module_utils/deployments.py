@@ -31,6 +31,9 @@ OWN_DEFAULTS = {
     "shared_gpu_index": 0,
     # The known-answer gate's prompts for this deployment ([]: the collection's default set).
     "known_answer_prompts": [],
+    # A vision-language model's --limit-mm-per-prompt ({image: 2, video: 0}; {}: vLLM's 999 of each). Every
+    # modality at 0 serves it text-only: no vision tower in memory (the KV plan counts it either way).
+    "limit_mm_per_prompt": {},
 }
 # Keys set per deployment only (their defaults depend on the deployment's name).
 NAMED_KEYS = ("name", "served_model_name", "hosts", "container_name", "port")
@@ -198,6 +201,10 @@ def fleet_errors(deployments: list[dict]) -> list[str]:
             errors.append(f"deployment {name}: known_answer_prompts must be a list of non-empty prompts")
         if not isinstance(deployment.get("env"), dict):
             errors.append(f"deployment {name}: env must be a mapping of variable to value")
+        limits = deployment.get("limit_mm_per_prompt")
+        if not isinstance(limits, dict) or any(not str(count).isdigit() for count in limits.values()):
+            errors.append(f"deployment {name}: limit_mm_per_prompt must map modalities to counts of 0 or more "
+                          f"(e.g. {{image: 2, video: 0}}), got {limits!r}")
         shared = deployment.get("shares_gpu_with")
         if shared:
             target = by_name.get(shared)

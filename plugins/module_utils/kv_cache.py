@@ -734,9 +734,9 @@ def layer_kinds_text(shape: ModelShape) -> str:
 def layout_text(layout: KvLayout, shape: ModelShape) -> str:
     """The layout as the plan's note: groups, block, page and what a request takes."""
     kinds = {}
+    names = {"full": "full attention", "mamba": "recurrent state"}
     for kind, window in layout.groups:
-        key = "sliding window %d" % window if kind == "sliding" else {"full": "full attention",
-                                                                       "mamba": "recurrent state"}[kind]
+        key = "sliding window %d" % window if kind == "sliding" else names[kind]
         kinds[key] = kinds.get(key, 0) + 1
     text = ("layers of several kinds (%s): %d KV-cache groups of %d layers (%s)%s, one pool of blocks of %d tokens, "
             "%d bytes a layer" % (layer_kinds_text(shape), len(layout.groups), layout.tensors,

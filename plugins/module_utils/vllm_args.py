@@ -5,6 +5,7 @@ Only flags whose spelling or meaning changed across releases need version logic;
 """
 from __future__ import annotations
 
+import json
 import re
 
 from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import (
@@ -124,7 +125,8 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
     tensor_parallel_size, pipeline_parallel_size, max_model_len, gpu_memory_utilization, max_num_batched_tokens,
     max_num_seqs, kv_cache_dtype, enable_chunked_prefill, enable_prefix_caching, enable_expert_parallel,
     disable_custom_all_reduce, enforce_eager, kv_cache_memory ('' / 'auto' / bytes) with kv_cache_memory_planned
-    (the plan's pool for 'auto') and cpu_mode, extra_args (list, appended last).
+    (the plan's pool for 'auto') and cpu_mode, limit_mm_per_prompt ({modality: count}), extra_args (list, appended
+    last).
     """
     parsed = parse_version(version)
     model = settings.get("model")
@@ -169,6 +171,11 @@ def render_serve_args(settings: dict, version: str) -> list[str]:
         args.append("--disable-custom-all-reduce")
     if settings.get("enforce_eager"):
         args.append("--enforce-eager")
+    limits = settings.get("limit_mm_per_prompt")
+    if limits:
+        # vLLM's JSON form ({"image": 2, "video": 0}), sorted so the container's arguments do not change
+        counts = {str(name): int(count) for name, count in sorted(limits.items())}
+        args += ["--limit-mm-per-prompt", json.dumps(counts, separators=(",", ":"))]
     if parsed < REQUEST_LOGGING_OFF_BY_DEFAULT:
         args.append("--disable-log-requests")
     extra = list(settings.get("extra_args") or [])

@@ -425,6 +425,13 @@ def test_extra_args_and_env_types():
                       "deployment chat: env must be a mapping of variable to value"]
 
 
+@pytest.mark.parametrize("limits", [{"image": -1}, {"image": "two"}, ["image"]])
+def test_limit_mm_per_prompt_counts(limits):
+    [error] = fleet_errors([deployment("chat", limit_mm_per_prompt=limits)])
+    assert error.startswith("deployment chat: limit_mm_per_prompt must map modalities to counts of 0 or more")
+    assert fleet_errors([deployment("chat", limit_mm_per_prompt={"image": 0, "video": "0"})]) == []
+
+
 def _sharing(**embed_changes):
     chat = deployment("chat", tensor_parallel_size=2, gpu_memory_utilization=0.82)
     settings = {"shares_gpu_with": "chat", "tensor_parallel_size": 1, "gpu_memory_utilization": 0.08,

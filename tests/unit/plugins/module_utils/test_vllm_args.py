@@ -142,3 +142,9 @@ def test_the_pooling_runner_by_version():
     assert "--runner" not in generate and "--task" not in generate
     with pytest.raises(VllmArgsError, match="runner must be generate or pooling"):
         render_serve_args(dict(SEED, runner="classify"), "v0.32.0")
+
+
+def test_limit_mm_per_prompt_as_vllm_json_only_when_set():
+    assert "--limit-mm-per-prompt" not in render_serve_args(dict(SEED, limit_mm_per_prompt={}), "v0.26.0")
+    args = render_serve_args(dict(SEED, limit_mm_per_prompt={"video": "0", "image": 2}), "v0.26.0")
+    assert flag_value(args, "--limit-mm-per-prompt") == '{"image":2,"video":0}'
