@@ -14,6 +14,7 @@ benchmarks/kv_accuracy.py and docs/kv_headroom.md.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -1011,6 +1012,12 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, layout: KvLayout, me
             fp8 = _layout_for(req, req.tensor_parallel_size, "fp8", version, layers)
             if fp8.num_blocks(result.available_kv_cache_bytes) >= _needed_blocks(req, fp8, result.max_model_len):
                 out["kv_cache_dtype"] = "fp8"
+        if vision_tower_loaded(req):
+            # text-only: the vision tower's weights and its encoder profile leave the budget
+            served = shape.vision_tokens_per_item or tuple((name, 0) for name in DEFAULT_MODALITIES)
+            text_only = {name: 0 for name, _tokens in served}
+            if plan(PlanRequest(**dict(req.__dict__, limit_mm_per_prompt=text_only))).fits:
+                out["limit_mm_per_prompt"] = text_only
     tp = tensor_parallel_that_fits(req, util, version, layers, result.max_model_len)
     if tp is not None:
         out["tensor_parallel_size"] = tp
@@ -1038,6 +1045,9 @@ def fix_text(result: Plan) -> str:
         fixes.append("tensor_parallel_size %d" % sugg["tensor_parallel_size"])
     if "kv_cache_dtype" in sugg:
         fixes.append("kv_cache_dtype %s" % sugg["kv_cache_dtype"])
+    if "limit_mm_per_prompt" in sugg:
+        limits = json.dumps(sugg["limit_mm_per_prompt"], sort_keys=True)
+        fixes.append("limit_mm_per_prompt %s (text only: no vision tower)" % limits)
     if sugg.get("enable_expert_parallel"):
         fixes.append("enable_expert_parallel true")
     return ("Any one of these fits: " + "; ".join(fixes) + ".") if fixes else ""

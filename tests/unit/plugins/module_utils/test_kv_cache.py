@@ -702,3 +702,14 @@ def test_h200_pinned_pool_tokens_are_vllms(run_id, model, util, pool, allocated)
     else:
         assert "torch.OutOfMemoryError" in log
         assert not result.fits and any("kv_cache_memory" in reason for reason in result.reasons)
+
+
+def test_vision_misfit_names_text_only_as_a_fix():
+    # Qwen3-VL-30B-A3B on a 64 GiB budget: the tower's weights and its one-image profile are what does not fit
+    request = dict(gpu_memory_bytes=int(139.8 * GIB), max_model_len=32768, vllm_version="0.26.0",
+                   gpu_name="NVIDIA H200", enforce_eager=True, min_concurrency=21.8)
+    result = _vl("Qwen3-VL-30B-A3B-Instruct", **request)
+    assert not result.fits
+    assert result.suggestions["limit_mm_per_prompt"] == {"image": 0, "video": 0}
+    assert 'limit_mm_per_prompt {"image": 0, "video": 0} (text only: no vision tower)' in kc.summary(result)
+    assert _vl("Qwen3-VL-30B-A3B-Instruct", limit_mm_per_prompt={"image": 0, "video": 0}, **request).fits
