@@ -192,11 +192,16 @@ def kv_bytes_per_token_per_layer(shape: ModelShape, tp: int, kv_cache_dtype: str
 # of a type padded. Every group shares one pool of blocks held in group_size tensors, so a block costs
 # group_size x page bytes and a request takes blocks in every group.
 # The releases whose rules were read, by the kinds a layout holds: 0.26.0 (checked against its startups on an H200,
-# benchmarks/data/kv-h200-vllm0.26-families-2026-12-05) and 0.33.0, whose sliding-window rules are 0.26's but whose
-# hybrids cache prefixes by default (other blocks a request) and whose fit check holds one block back. 0.34 sizes
-# the pool from memory measured after warm-up and uses 64-token blocks.
-LAYOUT_RULES_READ = {"sliding": ((0, 26), (0, 33)), "mamba": ((0, 26),)}
-NULL_BLOCK_IN_FIT_CHECK_FROM = (0, 33, 0)
+# benchmarks/data/kv-h200-vllm0.26-families-2026-12-05), 0.32.0 and 0.33.0 (read from their source only: the lent
+# GPU's image runs no later vLLM). 0.32/0.33 keep 0.26's sliding-window numbers, hold one block back in the fit check,
+# and cache a hybrid's prefixes by default: vLLM's "align" mode, 2 state blocks a request plus a checkpoint block for
+# Mamba2 (vllm/model_executor/layers/mamba/mamba_mixer2.py). 0.33's gated delta net also aligns the attention block to
+# its prefill backend's checkpoints (FlashInfer's where installed, which was inferred, not read): not predicted there.
+# 0.34 sizes the pool from memory measured after warm-up and uses 64-token blocks.
+LAYOUT_RULES_READ = {"sliding": ((0, 26), (0, 32), (0, 33)), "mamba2": ((0, 26), (0, 32), (0, 33)),
+                     "gated_delta_net": ((0, 26), (0, 32))}
+NULL_BLOCK_IN_FIT_CHECK_FROM = (0, 32, 0)
+HYBRID_PREFIX_CACHING_FROM = (0, 32, 0)
 # Sliding-window layers keep the window plus the tokens in flight: max_concurrent_batches (2: async scheduling, on
 # by default, one pipeline stage) x max_num_batched_tokens (vllm/config/vllm.py max_in_flight_tokens).
 IN_FLIGHT_BATCHES = 2
@@ -218,8 +223,10 @@ class KvLayout:
     in_flight_tokens: int = 0
     padding_layers: int = 0
     mamba_page: int = 0
-    # blocks the fit check holds back (vLLM 0.33: the null block)
+    # blocks the fit check holds back (vLLM 0.32 on: the null block)
     reserved_blocks: int = 0
+    # state blocks a request takes in each recurrent-state group (1; 2 or 3 where vLLM caches hybrid prefixes)
+    mamba_blocks: int = 1
 
     @property
     def uniform(self) -> bool:
@@ -233,7 +240,7 @@ class KvLayout:
             elif kind == "sliding":
                 total += -(-min(window - 1 + self.in_flight_tokens, max_len) // self.block_size) + 1
             else:
-                total += 1
+                total += self.mamba_blocks
         return total
 
     def needed_bytes(self, max_len: int) -> int:
@@ -287,9 +294,12 @@ def kv_layout(shape: ModelShape, tp: int, kv_cache_dtype: str, block_size: int, 
     for kind in shape.layer_kinds:
         if kind != "none":
             counts[kind] = counts.get(kind, 0) + 1
-    mamba_page = 0
+    mamba_page, mamba_blocks = 0, 1
     if "mamba" in counts:
         mamba_page = mamba_page_bytes(shape, tp)
+        if version is not None and version >= HYBRID_PREFIX_CACHING_FROM:
+            # "align": the running state and the last full block's, plus Mamba2's prefill checkpoint
+            mamba_blocks = 3 if shape.mamba_state[0] == "mamba2" else 2
         align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
         block_size = max(block_size, align * -(-mamba_page // (align * per_token)))
     smallest, largest = min(counts.values()), max(counts.values())
@@ -302,13 +312,14 @@ def kv_layout(shape: ModelShape, tp: int, kv_cache_dtype: str, block_size: int, 
         groups.extend([entry] * number)
     return KvLayout(block_size=block_size, page=per_token * block_size, tensors=group_size, groups=tuple(groups),
                     in_flight_tokens=IN_FLIGHT_BATCHES * batched_tokens, padding_layers=padding,
-                    mamba_page=mamba_page,
+                    mamba_page=mamba_page, mamba_blocks=mamba_blocks,
                     reserved_blocks=1 if version is not None and version >= NULL_BLOCK_IN_FIT_CHECK_FROM else 0)
 
 
 def layout_rules_read(shape: ModelShape, version: tuple) -> bool:
     """Whether this planner read vLLM's grouping rules of this release for every kind of layer the model has."""
-    kinds = {"mamba" if kind == "mamba" else "sliding" for kind in shape.layer_kinds if kind not in ("full", "none")}
+    kinds = {shape.mamba_state[0] if kind == "mamba" else "sliding"
+             for kind in shape.layer_kinds if kind not in ("full", "none")}
     return all(version[:2] in LAYOUT_RULES_READ[kind] for kind in kinds)
 
 
@@ -582,9 +593,9 @@ def runner_v1(req: PlanRequest, version: tuple) -> bool:
     return uses_model_runner_v1(req.shape, version)
 
 
-# Model runner V2 profiles no vision encoder in 0.26 (its MM budget is a TODO there) and does from 0.33 on, as V1
-# does (vllm/v1/worker/gpu/model_runner.py profile_run, as read in both releases).
-ENCODER_PROFILED_BY_V2_FROM = (0, 33, 0)
+# Model runner V2 profiles no vision encoder in 0.26 (its MM budget is a TODO there) and does in 0.32 and 0.33, as V1
+# does (vllm/v1/worker/gpu/model_runner.py profile_run, as read in those releases).
+ENCODER_PROFILED_BY_V2_FROM = (0, 32, 0)
 # Modalities a vision tower serves when the planner does not know the family's processor.
 DEFAULT_MODALITIES = ("image",)
 # vLLM's default --limit-mm-per-prompt for a modality it is not given (vllm/config/multimodal.py).
@@ -766,8 +777,8 @@ def plan(req: PlanRequest) -> Plan:
     if shape.layer_kinds and not unpredicted:
         if not layout_rules_read(shape, version):
             unpredicted = ("its layers are of several kinds (%s), and how vLLM %s groups them was not read (this "
-                           "planner read the rules of 0.26 for recurrent-state layers, of 0.26 and 0.33 for "
-                           "sliding windows)" % (layer_kinds_text(shape), ".".join(map(str, version))))
+                           "planner read the rules of 0.26, 0.32 and 0.33, of 0.26 and 0.32 for a gated delta net)"
+                           % (layer_kinds_text(shape), ".".join(map(str, version))))
         elif pp > 1:
             unpredicted = ("its layers are of several kinds (%s), grouped across pipeline stages: predicted for "
                            "pipeline_parallel_size 1 only" % layer_kinds_text(shape))

@@ -287,23 +287,35 @@ def test_layers_of_several_kinds_are_not_predicted_before_the_rules_were_read():
 
 
 def test_layouts_only_for_the_releases_whose_rules_were_read():
-    # sliding windows: 0.26 and 0.33 read; recurrent state: 0.26 only (0.33 caches hybrid prefixes by default)
-    assert run("gpt-oss-20b", gpu_memory_bytes=141 * GIB, vllm_version="0.33.0").covered
+    # read: 0.26, 0.32, 0.33 (a gated delta net on 0.26 and 0.32 only); not 0.30 or 0.34
+    assert run("gpt-oss-20b", gpu_memory_bytes=141 * GIB, vllm_version="0.32.0").covered
     assert not run("gpt-oss-20b", gpu_memory_bytes=141 * GIB, vllm_version="0.30.0").covered
-    nemotron = dict(model=bench_shape("Nemotron-H-8B-Base-8K"), gpu_memory_bytes=141 * GIB, max_model_len=8192)
-    assert kc.plan(kc.PlanRequest(vllm_version="0.26.0", **{k: v for k, v in nemotron.items() if k != "model"},
-                                  shape=nemotron["model"])).covered
-    unread = run(vllm_version="0.33.0", **nemotron)
+    assert run(model=bench_shape("Nemotron-H-8B-Base-8K"), gpu_memory_bytes=141 * GIB, max_model_len=8192,
+               vllm_version="0.33.0").covered
+    next_model = dict(model=bench_shape("Qwen3-Next-80B-A3B-Instruct-FP8"), gpu_memory_bytes=141 * GIB,
+                      max_model_len=32768)
+    assert run(vllm_version="0.32.0", **next_model).covered
+    unread = run(vllm_version="0.33.0", **next_model)
     assert not unread.covered and not unread.fits and "was not read" in unread.reasons[0]
     # a pinned pool needs no layout: vLLM allocates exactly it, so the plan goes ahead and claims no tokens
-    pinned = run(vllm_version="0.33.0", kv_cache_memory="auto", **nemotron)
+    pinned = run(vllm_version="0.33.0", kv_cache_memory="auto", **next_model)
     assert pinned.fits and not pinned.covered and pinned.kv_cache_memory_bytes > 0
     assert any(note.startswith("Not predicted:") for note in pinned.notes)
 
 
-def test_null_block_held_back_by_the_fit_check_from_033():
+def test_hybrid_prefix_caching_takes_more_state_blocks_from_032():
+    # vLLM 0.32/0.33 cache a hybrid's prefixes by default ("align"): Mamba2 3 state blocks a request, a gated delta
+    # net 2 (0.32), against 1 in 0.26
+    nemotron = bench_shape("Nemotron-H-8B-Base-8K")
+    assert kc.kv_layout(nemotron, 1, "auto", 16, 8192, (0, 26, 0)).blocks_per_request(8192) == 8 + 6
+    assert kc.kv_layout(nemotron, 1, "auto", 16, 8192, (0, 32, 0)).blocks_per_request(8192) == 8 + 6 * 3
+    qwen_next = kc.kv_layout(bench_shape("Qwen3-Next-80B-A3B-Instruct-FP8"), 1, "auto", 16, 8192, (0, 32, 0))
+    assert (qwen_next.block_size, qwen_next.blocks_per_request(32768)) == (544, 61 + 3 * 2)
+
+
+def test_null_block_held_back_by_the_fit_check_from_032():
     layout_026 = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192, (0, 26, 0))
-    layout_033 = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192, (0, 33, 0))
+    layout_033 = kc.kv_layout(shape("gpt-oss-20b"), 1, "auto", 16, 8192, (0, 32, 0))
     assert layout_033.needed_bytes(32768) - layout_026.needed_bytes(32768) == 12 * layout_026.page
 
 
@@ -331,13 +343,13 @@ def test_runner_v1_profiles_the_largest_multimodal_item():
     with_images = _vl("Qwen3-VL-30B-A3B-Instruct")
     text = _vl("Qwen3-VL-30B-A3B-Instruct", limit_mm_per_prompt={"image": 0, "video": 0})
     assert with_images.activation_peak_bytes - text.activation_peak_bytes == 16384 * 2048 * 4 * 2
-    # a video item is 12288 tokens; the dense 8B on runner V2 profiles none in 0.26 and does from 0.33
+    # a video item is 12288 tokens; the dense 8B on runner V2 profiles none in 0.26 and does in 0.32
     video = _vl("Qwen3-VL-30B-A3B-Instruct", limit_mm_per_prompt={"image": 0})
     assert video.activation_peak_bytes - text.activation_peak_bytes == 12288 * 2048 * 4 * 2
     dense = _vl("Qwen3-VL-8B-Instruct")
     assert dense.activation_peak_bytes == _vl("Qwen3-VL-8B-Instruct", limit_mm_per_prompt={"image": 0, "video": 0}
                                               ).activation_peak_bytes
-    assert _vl("Qwen3-VL-8B-Instruct", vllm_version="0.33.0").activation_peak_bytes > dense.activation_peak_bytes
+    assert _vl("Qwen3-VL-8B-Instruct", vllm_version="0.32.0").activation_peak_bytes > dense.activation_peak_bytes
 
 
 def test_h200_family_startups_are_predicted_within_the_goal():
