@@ -25,7 +25,8 @@ CONFIGS=benchmarks/gpu_compare/model-configs
 T0=$(date +%s)
 mkdir -p "$STAGE" "$OUT"
 
-# id | model-configs dir | gpu_memory_utilization | max_model_len | further flags | estimated seconds (as measured)
+# id | model-configs dir | gpu_memory_utilization | max_model_len | further flags | estimated seconds (as measured,
+# rounded up; rows not run yet: a guess)
 # [| environment: VAR=value ..., e.g. VLLM_USE_V2_MODEL_RUNNER=0 for the runner that profiles a vision encoder]
 RUNS='
 q30moe-fp8-u090-32k|Qwen3-30B-A3B-FP8|0.9|32768||150
@@ -48,28 +49,28 @@ q8b-kvb100g-32k-eager|Qwen3-8B|0.9|32768|--enforce-eager --kv-cache-memory-bytes
 q8b-u030-kvb60g-32k-eager|Qwen3-8B|0.3|32768|--enforce-eager --kv-cache-memory-bytes 64424509440|60
 q8b-kvb130g-32k-eager|Qwen3-8B|0.9|32768|--enforce-eager --kv-cache-memory-bytes 139586437120|60
 q30moe-fp8-kvb80g-32k-eager|Qwen3-30B-A3B-FP8|0.9|32768|--enforce-eager --kv-cache-memory-bytes 85899345920|90
-g3-1b-u090-32k-eager|gemma-3-1b-it|0.9|32768|--enforce-eager|70
+g3-1b-u090-32k-eager|gemma-3-1b-it|0.9|32768|--enforce-eager|95
 g3-1b-u050-8k-eager|gemma-3-1b-it|0.5|8192|--enforce-eager|60
-g3-27b-u090-32k-eager|gemma-3-27b-it-text|0.9|32768|--enforce-eager|90
-g3-27b-u090-128k-eager|gemma-3-27b-it-text|0.9|131072|--enforce-eager|90
+g3-27b-u090-32k-eager|gemma-3-27b-it-text|0.9|32768|--enforce-eager|75
+g3-27b-u090-128k-eager|gemma-3-27b-it-text|0.9|131072|--enforce-eager|75
 g3-1b-u090-32k|gemma-3-1b-it|0.9|32768||100
-qvl8b-u090-32k-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager|100
+qvl8b-u090-32k-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager|80
 qvl8b-u090-32k-novideo-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"video":0}|90
-qvl8b-u090-32k-textonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0,"video":0}|70
+qvl8b-u090-32k-textonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0,"video":0}|55
 qvl8b-u050-16k-eager|Qwen3-VL-8B-Instruct|0.5|16384|--enforce-eager|90
 qvl8b-u090-32k|Qwen3-VL-8B-Instruct|0.9|32768||130
-qvl8b-u090-32k-v1-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager|100|VLLM_USE_V2_MODEL_RUNNER=0
+qvl8b-u090-32k-v1-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager|75|VLLM_USE_V2_MODEL_RUNNER=0
 qvl8b-u090-32k-v1-imageonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"video":0}|100|VLLM_USE_V2_MODEL_RUNNER=0
-qvl8b-u090-32k-v1-videoonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0}|100|VLLM_USE_V2_MODEL_RUNNER=0
-qvl30b-u090-32k-eager|Qwen3-VL-30B-A3B-Instruct|0.9|32768|--enforce-eager|150
-qvl30b-u090-32k-textonly-eager|Qwen3-VL-30B-A3B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0,"video":0}|120
-g3-1b-u090-32k-mnbt2k-eager|gemma-3-1b-it|0.9|32768|--enforce-eager --max-num-batched-tokens 2048|60
-gh-tiny-u090-32k-eager|granite-4.0-h-tiny|0.9|32768|--enforce-eager|100
-gh-tiny-u050-128k-eager|granite-4.0-h-tiny|0.5|131072|--enforce-eager|90
-gh-micro-u090-32k-eager|granite-4.0-h-micro|0.9|32768|--enforce-eager|90
-q3next-fp8-u090-32k-eager|Qwen3-Next-80B-A3B-Instruct-FP8|0.9|32768|--enforce-eager|240
-nemoh-8b-u090-8k-eager|Nemotron-H-8B-Base-8K|0.9|8192|--enforce-eager|90
-gptoss-20b-u090-32k-eager|gpt-oss-20b|0.9|32768|--enforce-eager|120
+qvl8b-u090-32k-v1-videoonly-eager|Qwen3-VL-8B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0}|55|VLLM_USE_V2_MODEL_RUNNER=0
+qvl30b-u090-32k-eager|Qwen3-VL-30B-A3B-Instruct|0.9|32768|--enforce-eager|75
+qvl30b-u090-32k-textonly-eager|Qwen3-VL-30B-A3B-Instruct|0.9|32768|--enforce-eager --limit-mm-per-prompt {"image":0,"video":0}|45
+g3-1b-u090-32k-mnbt2k-eager|gemma-3-1b-it|0.9|32768|--enforce-eager --max-num-batched-tokens 2048|55
+gh-tiny-u090-32k-eager|granite-4.0-h-tiny|0.9|32768|--enforce-eager|55
+gh-tiny-u050-128k-eager|granite-4.0-h-tiny|0.5|131072|--enforce-eager|50
+gh-micro-u090-32k-eager|granite-4.0-h-micro|0.9|32768|--enforce-eager|160
+q3next-fp8-u090-32k-eager|Qwen3-Next-80B-A3B-Instruct-FP8|0.9|32768|--enforce-eager|85
+nemoh-8b-u090-8k-eager|Nemotron-H-8B-Base-8K|0.9|8192|--enforce-eager|130
+gptoss-20b-u090-32k-eager|gpt-oss-20b|0.9|32768|--enforce-eager|80
 '
 
 row() { printf '%s\n' "$RUNS" | awk -F'|' -v id="$1" '$1 == id'; }
