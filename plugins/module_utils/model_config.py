@@ -168,12 +168,20 @@ def load_config_dict(path: str) -> tuple:
     return cfg, config_path, checkpoint_dir
 
 
+# Fields a hub config may leave to its transformers class's defaults, by the language model's model_type (Gemma 3's
+# multimodal configs give their text_config only what differs: Gemma3TextConfig's defaults fill the rest).
+TEXT_CONFIG_DEFAULTS = {
+    "gemma3_text": {"max_position_embeddings": 131072, "vocab_size": 262208, "sliding_window_pattern": 6},
+}
+
+
 def _language_config(cfg: dict) -> dict:
     """The language-model part of a (possibly multimodal) config; top-level keys fill what it lacks."""
     for key in ("text_config", "llm_config", "language_config"):
         nested = cfg.get(key)
         if isinstance(nested, dict) and nested:
             merged = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config", "audio_config")}
+            merged.update(TEXT_CONFIG_DEFAULTS.get(str(nested.get("model_type")), {}))
             merged.update(nested)
             if "quantization_config" in cfg and "quantization_config" not in nested:
                 merged["quantization_config"] = cfg["quantization_config"]

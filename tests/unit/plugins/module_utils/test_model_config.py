@@ -152,3 +152,16 @@ def test_hf_cache_repo_folder_uses_refs_main(tmp_path):
     assert shape.num_layers == 28
     assert shape.checkpoint_bytes == 4096
     assert shape.source.endswith(os.path.join("abc123", "config.json"))
+
+
+def test_gemma3_multimodal_config_takes_its_text_defaults():
+    """The hub's gemma-3-27b-it text_config states only what differs from Gemma3TextConfig's defaults."""
+    configs = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "benchmarks", "gpu_compare",
+                           "model-configs")
+    full = load_model_shape(os.path.join(configs, "gemma-3-27b-it"))
+    text = load_model_shape(os.path.join(configs, "gemma-3-27b-it-text"))
+    for name in ("num_layers", "num_kv_heads", "head_dim", "vocab_size", "max_position_embeddings", "layer_kinds",
+                 "tie_word_embeddings"):
+        assert getattr(full, name) == getattr(text, name), name
+    assert full.vision_parameters > 400_000_000 and text.vision_parameters == 0
+    assert full.vision_tokens_per_item == (("image", 256),)
