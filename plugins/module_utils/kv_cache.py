@@ -251,16 +251,21 @@ class KvLayout:
 
     def max_len_fitting(self, available: int, cap: int) -> int:
         """vLLM's estimated maximum model length: the longest length whose request fits in the available memory."""
-        if available <= 0 or self.needed_bytes(1) > available:
-            return 0
-        low, high = 1, cap
-        while low < high:
-            middle = (low + high + 1) // 2
-            if self.needed_bytes(middle) <= available:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        return longest_length(lambda length: self.needed_bytes(length) <= available, cap)
+
+
+def longest_length(fits, cap: int) -> int:
+    """The largest length in 1..cap that fits (0 if none), by binary search: what fits at a length fits below it."""
+    if cap < 1 or not fits(1):
+        return 0
+    low, high = 1, cap
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def mamba_page_bytes(shape: ModelShape, tp: int) -> int:
@@ -949,16 +954,7 @@ def largest_max_model_len(num_blocks: int, layout: KvLayout, min_concurrency: Op
     usable_blocks = int(num_blocks // (min_concurrency or 1))
     if layout.uniform:
         return min(usable_blocks * layout.block_size, cap)
-    if layout.blocks_per_request(1) > usable_blocks:
-        return 0
-    low, high = 1, cap
-    while low < high:
-        middle = (low + high + 1) // 2
-        if layout.blocks_per_request(middle) <= usable_blocks:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return longest_length(lambda length: layout.blocks_per_request(length) <= usable_blocks, cap)
 
 
 def utilization_that_fits(need_blocks: int, page_size_per_layer: int, layers: int, non_kv_bytes: int,
