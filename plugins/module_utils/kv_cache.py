@@ -607,12 +607,22 @@ DEFAULT_MODALITIES = ("image",)
 DEFAULT_MM_LIMIT = 999
 
 
+def served_modalities(shape: ModelShape) -> tuple:
+    """(modality, most tokens an item; 0 where not known) of every modality the model's vision tower serves."""
+    return shape.vision_tokens_per_item or tuple((name, 0) for name in DEFAULT_MODALITIES)
+
+
 def active_modalities(req: PlanRequest) -> List[tuple]:
     """(modality, most tokens an item) of the modalities whose limit is above 0 (vLLM's default limit is 999)."""
-    shape = req.shape
-    served = shape.vision_tokens_per_item or tuple((name, 0) for name in DEFAULT_MODALITIES)
     limits = req.limit_mm_per_prompt or {}
-    return [(name, tokens) for name, tokens in served if int(limits.get(name, DEFAULT_MM_LIMIT)) > 0]
+    return [(name, tokens) for name, tokens in served_modalities(req.shape)
+            if int(limits.get(name, DEFAULT_MM_LIMIT)) > 0]
+
+
+def encoder_profiled(req: PlanRequest, version: tuple) -> bool:
+    """Whether vLLM's profile run holds a vision encoder's outputs (runner V1, or V2 from 0.32), from 0.26 on."""
+    return (version >= CALIBRATED_026_FROM and vision_tower_loaded(req)
+            and (runner_v1(req, version) or version >= ENCODER_PROFILED_BY_V2_FROM))
 
 
 def vision_tower_loaded(req: PlanRequest) -> bool:
@@ -685,7 +695,7 @@ def _non_kv_bytes(req: PlanRequest, tp: int, version: tuple) -> dict:
         if vision_tower_loaded(req):
             # Qwen3-VL's deepstack input buffers (max_num_batched_tokens x text width each) are made at load
             weights += shape.deepstack_levels * tokens * shape.hidden_size * 2
-            if v1 or version >= ENCODER_PROFILED_BY_V2_FROM:
+            if encoder_profiled(req, version):
                 act += encoder_profile_bytes(req, tokens) or 0
     else:
         act = activation_peak_bytes(shape, tp, tokens, seqs, req.enable_expert_parallel)
@@ -787,9 +797,8 @@ def plan(req: PlanRequest) -> Plan:
         elif pp > 1:
             unpredicted = ("its layers are of several kinds (%s), grouped across pipeline stages: predicted for "
                            "pipeline_parallel_size 1 only" % layer_kinds_text(shape))
-    if (not unpredicted and req.device == "cuda" and version >= CALIBRATED_026_FROM
-            and (runner_v1(req, version) or version >= ENCODER_PROFILED_BY_V2_FROM)
-            and vision_tower_loaded(req) and encoder_profile_bytes(req, 1) is None):
+    if (not unpredicted and req.device == "cuda" and encoder_profiled(req, version)
+            and encoder_profile_bytes(req, 1) is None):
         unpredicted = ("vLLM profiles its vision encoder with the largest multimodal item, and the tokens of one "
                        "item of model_type %s are not known to the planner (limit_mm_per_prompt with every "
                        "modality 0 serves it text-only)" % shape.model_type)
@@ -1021,8 +1030,7 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, layout: KvLayout, me
                 out["kv_cache_dtype"] = "fp8"
         if vision_tower_loaded(req):
             # text-only: the vision tower's weights and its encoder profile leave the budget
-            served = shape.vision_tokens_per_item or tuple((name, 0) for name in DEFAULT_MODALITIES)
-            text_only = {name: 0 for name, _tokens in served}
+            text_only = {name: 0 for name, _tokens in served_modalities(shape)}
             if plan(PlanRequest(**dict(req.__dict__, limit_mm_per_prompt=text_only))).fits:
                 out["limit_mm_per_prompt"] = text_only
     tp = tensor_parallel_that_fits(req, util, version, layers, result.max_model_len)
