@@ -92,9 +92,9 @@ def sh(cmd, env=None, stdin=None, timeout=900):
 
 def api_key(host):
     """A key the server accepts: its key file holds one per line (two during a rotation), each accepted."""
-    keys = sh(["docker", "exec", host, "cat", "/etc/onprem-vllm/vllm.api-key"]).split()
+    keys = sh(["docker", "exec", host, "cat", "/etc/onprem-vllm/vllm.secrets/api-key"]).split()
     if not keys:
-        sys.exit("no key in %s:/etc/onprem-vllm/vllm.api-key: deploy the lab first (make site)" % host)
+        sys.exit("no key in %s:/etc/onprem-vllm/vllm.secrets/api-key: deploy the lab first (make site)" % host)
     return keys[0]
 
 

@@ -47,6 +47,11 @@ options:
         description: Octal mode as a string, like C("0600").
         type: str
         required: true
+      fingerprint:
+        description: Whether the file counts in RV(fingerprint) (false for a file the running process reads again
+          itself, such as an API key file).
+        type: bool
+        default: true
   absent:
     description: Files to remove, by absolute path (a missing one is left as it is).
     type: list
@@ -63,9 +68,11 @@ options:
   fingerprint_salt_file:
     description:
       - Where the host keeps a random salt (created 0600 on first use; empty, no fingerprint). The module then returns
-        RV(fingerprint), an HMAC-SHA256 under that salt of O(files)' paths and contents, as wanted.
-      - A container label can carry it, so a changed file (an API key) redeploys the container even after a run that
-        wrote the file was interrupted, and the label says nothing about the content to whoever reads it.
+        RV(fingerprint), an HMAC-SHA256 under that salt of the paths and contents of O(files) (those whose
+        O(files[].fingerprint) is true), as wanted.
+      - A container label can carry it, so a changed file the process reads at startup only (its code) redeploys the
+        container even after a run that wrote the file was interrupted, and the label says nothing about the content
+        to whoever reads it.
     type: path
     default: ""
 notes:
@@ -85,10 +92,11 @@ EXAMPLES = r"""
     directories:
       - {path: /etc/onprem-vllm, mode: "0700"}
       - {path: /etc/onprem-vllm/middleware, mode: "0755"}
+      - {path: /etc/onprem-vllm/vllm.secrets, mode: "0700"}
     files:
-      - {path: /etc/onprem-vllm/vllm.api-key, content: "{{ vllm_server_api_key }}\n", mode: "0600"}
+      - {path: /etc/onprem-vllm/vllm.secrets/api-key, content: "{{ vllm_server_api_key }}\n", mode: "0600", fingerprint: false}
       - {path: /etc/onprem-vllm/middleware/onprem_vllm_auth.py, content: "{{ middleware_source }}", mode: "0644"}
-    absent: [/etc/onprem-vllm/other.api-key]
+    absent: [/etc/onprem-vllm/other.secrets/api-key]
     owner: root
     group: root
   register: server_files
@@ -100,7 +108,7 @@ changed_paths:
   returned: always
   type: list
   elements: str
-  sample: [/etc/onprem-vllm/vllm.api-key]
+  sample: [/etc/onprem-vllm/vllm.secrets/api-key]
 fingerprint:
   description: HMAC-SHA256 (hex) of O(files) under the host's salt; empty without O(fingerprint_salt_file), or in check
     mode before the salt exists.
@@ -209,6 +217,8 @@ def _fingerprint(module, salt_file, files, changed_paths):
         salt = _current_content(module, salt_file)
     digest = hmac.new(salt.strip(), digestmod=hashlib.sha256)
     for item in files:
+        if not item["fingerprint"]:
+            continue
         for part in (item["path"], item["content"]):
             data = to_bytes(part, errors="surrogate_or_strict")
             digest.update(b"%d:" % len(data) + data)
@@ -221,7 +231,8 @@ def main():
         argument_spec=dict(
             directories=dict(type="list", elements="dict", default=[], options=path_and_mode),
             files=dict(type="list", elements="dict", default=[],
-                       options=dict(path_and_mode, content=dict(type="str", required=True, no_log=True))),
+                       options=dict(path_and_mode, content=dict(type="str", required=True, no_log=True),
+                                    fingerprint=dict(type="bool", default=True))),
             absent=dict(type="list", elements="path", default=[]),
             owner=dict(type="str", default=""),
             group=dict(type="str", default=""),

@@ -54,7 +54,7 @@ def test_deployment_record_holds_the_gpus_and_the_commit(host):
 
 def test_server_answers(host):
     out = host.check_output(
-        "curl -sf -H \"Authorization: Bearer $(cat /etc/onprem-vllm/vllm.api-key)\" "
+        "curl -sf -H \"Authorization: Bearer $(cat /etc/onprem-vllm/vllm.secrets/api-key)\" "
         "-H 'Content-Type: application/json' -d '{\"model\": \"qwen3-lab\", \"max_tokens\": 2, "
         "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' http://127.0.0.1:8000/v1/chat/completions")
     assert json.loads(out)["usage"]["completion_tokens"] >= 1

@@ -13,7 +13,7 @@ def container(host):
 
 @pytest.fixture(scope="module")
 def api_key(host):
-    key = host.file("/etc/onprem-vllm/vllm.api-key").content_string.strip()
+    key = host.file("/etc/onprem-vllm/vllm.secrets/api-key").content_string.strip()
     assert len(key) >= 16
     return key
 
@@ -47,7 +47,7 @@ def test_host_ipc_offline_hub_and_cpu_kv_space(container):
 
 def test_secret_files_are_private(host):
     assert host.file("/etc/onprem-vllm").mode == 0o700
-    assert host.file("/etc/onprem-vllm/vllm.api-key").mode == 0o600
+    assert host.file("/etc/onprem-vllm/vllm.secrets/api-key").mode == 0o600
     assert host.file("/etc/onprem-vllm/vllm.deployment.json").mode == 0o600
 
 

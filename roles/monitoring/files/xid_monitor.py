@@ -11,6 +11,16 @@ it in the journal under this unit: block → crit, warn → warning, info → in
 A source that cannot be read makes the run exit 1 (systemd marks the unit failed) without moving its cursor, so the
 next run reads what this one missed. A webhook post that fails is kept in --spool and sent again, oldest first, by the
 next runs. With --textfile the run writes its result for node_exporter's textfile collector (the alert rules read it).
+
+With --drain-flag, an event whose code is a --drain-code takes the host out of rotation: the flag (JSON: the events,
+when the first came) is written before anything else happens, and the servers' middleware answers 503 on /health
+while it exists, so every gateway's health checks stop sending the host requests within seconds, and a restarted
+server (its restart policy) stays out too. Only an operator removes it, with playbooks/gpu_return.yml, which re-checks
+the GPUs and gates the servers first.
+
+systemd runs it with --follow SECONDS: one process reading the sources every SECONDS (a critical Xid drains within
+them). A source that cannot be read is then reported (journal once, textfile every poll) and read again at the next
+poll; a one-shot run (no --follow) exits 1 instead.
 """
 from __future__ import annotations
 
@@ -29,6 +39,8 @@ from gpu_health_checks import parse_xid_events  # noqa: E402  pylint: disable=wr
 
 PRIORITY = {"block": 2, "warn": 4, "info": 6}
 SEVERITIES = ("block", "warn", "info")
+# A webhook that keeps failing is tried again this often in --follow mode, not at every poll (each try may wait 10 s).
+RESEND_EVERY_S = 60
 
 
 def load_json(path, default):
@@ -132,7 +144,7 @@ def deliver(url, spool_path, payload):
     return len(kept)
 
 
-def metrics_text(state, ok, spooled, now):
+def metrics_text(state, ok, spooled, now, drained=None):
     lines = [
         "# HELP onprem_vllm_xid_monitor_last_run_success 1 when the last run read every kernel log source.",
         "# TYPE onprem_vllm_xid_monitor_last_run_success gauge",
@@ -159,7 +171,99 @@ def metrics_text(state, ok, spooled, now):
         code, bus, severity = key.split("|")
         lines.append('onprem_vllm_xid_last_event_timestamp_seconds{code="%s",pci_bus_id="%s",xid_severity="%s"} %d'
                      % (code, bus, severity, seen))
+    lines += [
+        "# HELP onprem_vllm_xid_drained 1 for each Xid (code, GPU) that took the host out of rotation (the drain flag).",
+        "# TYPE onprem_vllm_xid_drained gauge",
+    ]
+    for code, bus in sorted({(e["code"], e["pci_bus_id"] or "unknown") for e in (drained or {}).get("events", [])}):
+        lines.append('onprem_vllm_xid_drained{code="%d",pci_bus_id="%s"} 1' % (code, bus))
     return "\n".join(lines) + "\n"
+
+
+def drain(flag, host, events, now):
+    """Write (or extend) the drain flag with the critical events; returns the flag's content."""
+    current = load_json(flag, None) or {"host": host, "since": now, "events": []}
+    current["events"] = current.get("events", []) + [
+        {"code": e["code"], "pci_bus_id": e["pci_bus_id"], "severity": e["severity"], "description": e["description"],
+         "seen": now} for e in events]
+    os.makedirs(os.path.dirname(os.path.abspath(flag)), exist_ok=True)
+    write_atomic(flag, json.dumps(current, sort_keys=True))
+    return current
+
+
+class Poll:
+    """One read of every source; in --follow mode the same object polls again, remembering what it last reported."""
+
+    def __init__(self, args):
+        self.args = args
+        self.webhook = os.environ.get("XID_WEBHOOK_URL", "").strip()
+        self.host = socket.gethostname()
+        self.last_errors = None
+        self.last_resend = 0.0
+
+    def run(self, follow=False):
+        args, now = self.args, int(time.time())
+        # Read every poll: an operator (or a test) may have changed it between polls.
+        state = load_json(args.state, {})
+        texts, errors = [], []
+        if not args.no_journal:
+            text, state["cursor"], error = read_journal(state.get("cursor"))
+            texts.append(text)
+            errors += [error] if error else []
+        offsets = state.setdefault("offsets", {})
+        for path in args.log_file:
+            text, offsets[path], error = read_file(path, int(offsets.get(path, 0)))
+            texts.append(text)
+            errors += [error] if error else []
+
+        events = parse_xid_events("\n".join(texts), ignore=args.ignore)
+        critical = [e for e in events if e["code"] in args.drain_code]
+        drained = load_json(args.drain_flag, None) if args.drain_flag else None
+        if critical and args.drain_flag:
+            # First: the host leaves rotation before anything below can take time (the webhook may wait 10 s).
+            drained = drain(args.drain_flag, self.host, critical, now)
+            print("<2>xid-monitor: this host's vLLM servers are out of rotation (%s); after fixing the GPU, put the host "
+                  "back with playbooks/gpu_return.yml -l %s" % (
+                      ", ".join("Xid %d on GPU %s" % (e["code"], e["pci_bus_id"] or "(unknown bus id)") for e in critical),
+                      self.host))
+        counts, last_seen = state.setdefault("counts", {}), state.setdefault("last_seen", {})
+        for event in events:
+            print("<%d>Xid %d on GPU %s severity=%s: %s (log: %s)" % (
+                PRIORITY.get(event["severity"], 4), event["code"], event["pci_bus_id"] or "(unknown bus id)",
+                event["severity"], event["description"], event["message"][:200]))
+            counts[event["severity"]] = counts.get(event["severity"], 0) + 1
+            last_seen["%d|%s|%s" % (event["code"], event["pci_bus_id"] or "unknown", event["severity"])] = now
+        if events:
+            os.makedirs(os.path.dirname(args.event_log), exist_ok=True)
+            with open(args.event_log, "a") as handle:
+                for event in events:
+                    handle.write(json.dumps(dict(event, host=self.host), sort_keys=True) + "\n")
+                # On disk before the journal position moves past them (write_atomic below).
+                handle.flush()
+                os.fsync(handle.fileno())
+        elif not errors and not follow:
+            print("<7>xid-monitor: no new Xid events")
+        spooled = len(load_json(args.spool, [])) if self.webhook else 0
+        if self.webhook and (events or (spooled and (not follow or time.monotonic() - self.last_resend >= RESEND_EVERY_S))):
+            self.last_resend = time.monotonic()
+            spooled = deliver(self.webhook, args.spool, webhook_payload(self.host, events) if events else None)
+        # Followed, a source that stays unreadable is told once (the textfile says it at every poll).
+        if errors != self.last_errors:
+            for error in errors:
+                print("<3>xid-monitor: cannot read the kernel log: %s" % error)
+            if not errors and self.last_errors:
+                print("<5>xid-monitor: every kernel log source is readable again")
+        self.last_errors = errors
+        if not errors:
+            state["last_success"] = now
+        save_dir = os.path.dirname(args.state)
+        if save_dir:
+            os.makedirs(save_dir, exist_ok=True)
+        write_atomic(args.state, json.dumps(state))
+        if args.textfile:
+            write_atomic(args.textfile, metrics_text(state, not errors, spooled, now, drained))
+        sys.stdout.flush()
+        return not errors
 
 
 def main(argv=None):
@@ -171,55 +275,16 @@ def main(argv=None):
     parser.add_argument("--log-file", action="append", default=[])
     parser.add_argument("--ignore", action="append", type=int, default=[])
     parser.add_argument("--no-journal", action="store_true", help="do not read the kernel journal")
+    parser.add_argument("--drain-flag", default="", help="the flag a --drain-code event writes (the host leaves rotation)")
+    parser.add_argument("--drain-code", action="append", type=int, default=[], help="an Xid code that drains the host")
+    parser.add_argument("--follow", type=float, default=0, help="poll every SECONDS instead of reading once")
     args = parser.parse_args(argv)
-    webhook = os.environ.get("XID_WEBHOOK_URL", "").strip()
-    host = socket.gethostname()
-    now = int(time.time())
-
-    state = load_json(args.state, {})
-    texts, errors = [], []
-    if not args.no_journal:
-        text, state["cursor"], error = read_journal(state.get("cursor"))
-        texts.append(text)
-        errors += [error] if error else []
-    offsets = state.setdefault("offsets", {})
-    for path in args.log_file:
-        text, offsets[path], error = read_file(path, int(offsets.get(path, 0)))
-        texts.append(text)
-        errors += [error] if error else []
-
-    events = parse_xid_events("\n".join(texts), ignore=args.ignore)
-    counts, last_seen = state.setdefault("counts", {}), state.setdefault("last_seen", {})
-    for event in events:
-        print("<%d>Xid %d on GPU %s severity=%s: %s (log: %s)" % (
-            PRIORITY.get(event["severity"], 4), event["code"], event["pci_bus_id"] or "(unknown bus id)",
-            event["severity"], event["description"], event["message"][:200]))
-        counts[event["severity"]] = counts.get(event["severity"], 0) + 1
-        last_seen["%d|%s|%s" % (event["code"], event["pci_bus_id"] or "unknown", event["severity"])] = now
-    if events:
-        os.makedirs(os.path.dirname(args.event_log), exist_ok=True)
-        with open(args.event_log, "a") as handle:
-            for event in events:
-                handle.write(json.dumps(dict(event, host=host), sort_keys=True) + "\n")
-            # On disk before the journal position moves past them (write_atomic below).
-            handle.flush()
-            os.fsync(handle.fileno())
-    elif not errors:
-        print("<7>xid-monitor: no new Xid events")
-    spooled = 0
-    if webhook:
-        spooled = deliver(webhook, args.spool, webhook_payload(host, events) if events else None)
-    for error in errors:
-        print("<3>xid-monitor: cannot read the kernel log: %s" % error)
-    if not errors:
-        state["last_success"] = now
-    save_dir = os.path.dirname(args.state)
-    if save_dir:
-        os.makedirs(save_dir, exist_ok=True)
-    write_atomic(args.state, json.dumps(state))
-    if args.textfile:
-        write_atomic(args.textfile, metrics_text(state, not errors, spooled, now))
-    return 1 if errors else 0
+    poll = Poll(args)
+    if args.follow <= 0:
+        return 0 if poll.run() else 1
+    while True:
+        poll.run(follow=True)
+        time.sleep(args.follow)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@
 vLLM's own --api-key guards only paths under /v1, /v2, /inference and /cohere: /invocations, /tokenize, /pooling,
 /classify, /score, /rerank, ... answer anyone. This pure-ASGI middleware (standard library only, so it loads in any
 vLLM image) refuses every request without `Authorization: Bearer <key>` except the read-only probes in OPEN_PATHS
-and CORS preflights. The keys come from a file, one per line (the role mounts a 0600 file read-only), never from argv
-or the environment: the current key and, during a rotation, the other one, each accepted alike. A missing file or one
-without a key stops the server at startup instead of serving unguarded.
+and CORS preflights. The keys come from a file, one per line (the role mounts its 0600 file's folder read-only), never
+from argv or the environment: the current key and, during a rotation, the other one, each accepted alike. The file is
+read again whenever it changes (one stat per guarded request), so a key rotation restarts no server. A missing file or
+one without a key stops the server at startup instead of serving unguarded; later, such a file keeps the keys last read
+(and says so once on stderr).
 
 While the host's drain flag exists (ONPREM_VLLM_DRAIN_FILE; files/onprem_vllm_drain.py writes it when the host shuts
 down), GET /health answers 503: the gateways' health checks take the host out of rotation while the requests it
@@ -14,6 +16,9 @@ already has finish, before vLLM itself is stopped. A gateway's check says who it
 it stops sending (`X-Onprem-Check: <gateway>;fall=<n>`), and GET /onprem/drain (open: counts and gateway names only)
 tells the drain how many checks each gateway has had refused and how many requests the server is answering, so the
 drain waits for the gateways' own verdict instead of a guessed time.
+
+The GPU fault flag (ONPREM_VLLM_FAULT_FILE; the Xid monitor writes it on a critical Xid) fails /health the same way,
+but it lives on disk: the host stays out of rotation across restarts until playbooks/gpu_return.yml removes it.
 """
 from __future__ import annotations
 
@@ -22,11 +27,13 @@ import hmac
 import json
 import os
 import re
+import sys
 import time
 
 KEY_FILE_ENV = "ONPREM_VLLM_API_KEY_FILE"
 DRAIN_FILE_ENV = "ONPREM_VLLM_DRAIN_FILE"
-DEFAULT_KEY_FILE = "/run/secrets/onprem-vllm-api-key"
+FAULT_FILE_ENV = "ONPREM_VLLM_FAULT_FILE"
+DEFAULT_KEY_FILE = "/run/secrets/onprem-vllm/api-key"
 # Liveness, readiness and Prometheus: no inference, no tokenizer, no prompt. Exact paths, GET/HEAD only.
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/metrics/"})
 OPEN_METHODS = frozenset({"GET", "HEAD"})
@@ -38,6 +45,7 @@ MAX_CHECKERS = 64
 _UNAUTHORIZED = json.dumps({"error": {"message": "missing or wrong API key", "type": "invalid_request_error",
                                       "code": 401}}).encode()
 _DRAINING = json.dumps({"status": "draining: the host is shutting down"}).encode()
+_GPU_FAULT = json.dumps({"status": "out of rotation: a GPU of this host reported a critical Xid"}).encode()
 
 
 def read_keys(path: str) -> list[bytes]:
@@ -49,19 +57,44 @@ def read_keys(path: str) -> list[bytes]:
 
 
 class BearerKeyMiddleware:
-    def __init__(self, app, key_file: str | None = None, drain_file: str | None = None) -> None:
+    def __init__(self, app, key_file: str | None = None, drain_file: str | None = None,
+                 fault_file: str | None = None) -> None:
         self.app = app
         self.drain_file = drain_file or os.environ.get(DRAIN_FILE_ENV, "")
+        self.fault_file = fault_file or os.environ.get(FAULT_FILE_ENV, "")
         # Requests past the guard and not answered yet (streams until their last chunk), and, while the host drains,
         # {gateway: [checks refused, the gateway's fall, when the last one came (monotonic)]}.
         self.in_flight = 0
         self.refused: dict[str, list[int]] = {}
+        self.key_file = key_file or os.environ.get(KEY_FILE_ENV, DEFAULT_KEY_FILE)
+        self._key_stamp = None
+        self._key_error = ""
+        self._digests: list[bytes] = []
+        self.reload_keys(startup=True)
+
+    def reload_keys(self, startup: bool = False) -> None:
+        """Read the key file again if it changed (the role replaces it atomically: a new inode)."""
+        try:
+            st = os.stat(self.key_file)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp == self._key_stamp:
+                return
+            keys = read_keys(self.key_file)
+        except (OSError, RuntimeError) as exc:
+            if startup:
+                raise
+            if str(exc) != self._key_error:
+                self._key_error = str(exc)
+                print("onprem_vllm_auth: the key file cannot be read again, the keys read before stay: %s" % exc,
+                      file=sys.stderr, flush=True)
+            return
         # Compare digests of equal length in constant time (as vLLM's own middleware does), against every key: the
         # time taken does not say which key matched.
-        self._digests = [hashlib.sha256(key).digest()
-                         for key in read_keys(key_file or os.environ.get(KEY_FILE_ENV, DEFAULT_KEY_FILE))]
+        self._digests = [hashlib.sha256(key).digest() for key in keys]
+        self._key_stamp, self._key_error = stamp, ""
 
     def authorized(self, headers) -> bool:
+        self.reload_keys()
         for name, value in headers or ():
             if name.lower() == b"authorization":
                 scheme, _separator, token = value.partition(b" ")
@@ -81,8 +114,11 @@ class BearerKeyMiddleware:
             path = path[len(root_path):]
         return method in OPEN_METHODS and path in OPEN_PATHS
 
+    def gpu_fault(self) -> bool:
+        return bool(self.fault_file) and os.path.exists(self.fault_file)
+
     def draining(self) -> bool:
-        return bool(self.drain_file) and os.path.exists(self.drain_file)
+        return (bool(self.drain_file) and os.path.exists(self.drain_file)) or self.gpu_fault()
 
     def health_check(self, scope) -> bool:
         """GET /health while the host drains: refused, and counted when a gateway's check says who it is."""
@@ -99,7 +135,7 @@ class BearerKeyMiddleware:
 
     def drain_status(self) -> bytes:
         draining, now = self.draining(), time.monotonic()
-        return json.dumps({"draining": draining, "in_flight": self.in_flight,
+        return json.dumps({"draining": draining, "gpu_fault": self.gpu_fault(), "in_flight": self.in_flight,
                            "checks": {name: {"refused": refused, "fall": fall, "idle_s": round(now - last, 1)}
                                       for name, (refused, fall, last) in (self.refused if draining else {}).items()}
                            }).encode()
@@ -109,7 +145,7 @@ class BearerKeyMiddleware:
             return await self.app(scope, receive, send)  # lifespan
         if scope["type"] == "http" and scope.get("method") == "GET":
             if scope.get("path") == "/health" and self.health_check(scope):
-                return await _reply(send, 503, _DRAINING)
+                return await _reply(send, 503, _GPU_FAULT if self.gpu_fault() else _DRAINING)
             if scope.get("path") == DRAIN_STATUS_PATH:
                 return await _reply(send, 200, self.drain_status())
         if scope["type"] == "http" and self.is_open(scope):

@@ -48,7 +48,7 @@ def xid_monitor_metrics():
     finally:
         sys.path.pop(0)
     state = {"last_success": 1, "counts": {"block": 1}, "last_seen": {"79|0000:01:00.0|block": 1}}
-    return module.metrics_text(state, True, 0, 2)
+    return module.metrics_text(state, True, 0, 2, {"events": [{"code": 79, "pci_bus_id": "0000:01:00.0"}]})
 
 
 def exported():
@@ -80,8 +80,8 @@ def test_every_rule_has_a_runbook_a_summary_a_severity_and_a_threshold_variable(
     rules = [r for g in yaml.safe_load(render_rules())["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} == {
         "VllmServerDown", "VllmKvCacheNearlyFull", "VllmPreemptionsIncreasing", "VllmRequestsWaiting",
-        "VllmTtftP99High", "GatewayHostOutOfRotation", "GatewayMetricsDown", "GpuCriticalXid", "XidMonitorFailing",
-        "HfCacheDiskNearlyFull"}
+        "VllmTtftP99High", "GatewayHostOutOfRotation", "GatewayMetricsDown", "GpuCriticalXid", "GpuFaultDrained",
+        "XidMonitorFailing", "HfCacheDiskNearlyFull"}
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert len(rule["annotations"]["runbook"]) > 60 and rule["annotations"]["summary"], rule["alert"]

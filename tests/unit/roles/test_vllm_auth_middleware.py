@@ -108,6 +108,58 @@ def test_health_fails_while_the_host_drains_and_everything_else_serves(tmp_path,
     assert call(guard, "/health", method="GET")[0]["status"] == 200
 
 
+def _replace(path, text):
+    """What vllm_server_files does: a new file renamed over the old one (the server sees a new inode)."""
+    tmp = path.with_name(".key.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_a_rotation_takes_effect_without_a_restart(tmp_path, call, capsys):
+    """Each step of docs/key_rotation.md rewrites the key file; the running guard follows it. A file that cannot be read
+    later (gone, empty) keeps the keys read before instead of locking everyone out, and says so once."""
+    key_dir = tmp_path / "secrets"
+    key_dir.mkdir()
+    key_file = key_dir / "api-key"
+    key_file.write_text(KEY + "\n")
+    guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file))
+    nxt = "next-key-fedcba9876543210"
+    assert call(guard, "/v1/models", "GET", "Bearer " + nxt)[0]["status"] == 401
+    _replace(key_file, KEY + "\n" + nxt + "\n")  # step 1: both
+    assert [call(guard, "/v1/models", "GET", "Bearer " + k)[0]["status"] for k in (KEY, nxt)] == [200, 200]
+    _replace(key_file, nxt + "\n")  # step 3: the new key alone
+    assert [call(guard, "/v1/models", "GET", "Bearer " + k)[0]["status"] for k in (KEY, nxt)] == [401, 200]
+    _replace(key_file, "\n")
+    assert [call(guard, "/v1/models", "GET", "Bearer " + nxt)[0]["status"] for attempt in (1, 2)] == [200, 200]
+    key_file.unlink()
+    assert [call(guard, "/v1/models", "GET", "Bearer " + nxt)[0]["status"] for attempt in (1, 2)] == [200, 200]
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and "is empty" in said[0] and "No such file" in said[1], said
+    _replace(key_file, KEY + "\n")
+    assert [call(guard, "/v1/models", "GET", "Bearer " + k)[0]["status"] for k in (KEY, nxt)] == [200, 401]
+
+
+def test_a_gpu_fault_fails_health_until_the_flag_is_removed_whatever_the_shutdown_drain_does(tmp_path, call):
+    """The Xid monitor's flag (on disk, outliving restarts) fails /health like the shutdown drain, says why, and shows
+    in the drain status; the shutdown drain's flag going away does not put the host back."""
+    key_file, drain, fault = tmp_path / "key", tmp_path / "draining", tmp_path / "gpu-fault" / "xid.json"
+    key_file.write_text(KEY + "\n")
+    fault.parent.mkdir()
+    guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(drain), fault_file=str(fault))
+    assert call(guard, "/health", method="GET")[0]["status"] == 200
+    fault.write_text('{"events": [{"code": 79}]}')
+    sent = call(guard, "/health", method="GET", headers=[("x-onprem-check", "gw1;fall=2")])
+    assert sent[0]["status"] == 503 and b"critical Xid" in sent[1]["body"]
+    drain.touch()
+    drain.unlink()
+    assert call(guard, "/health", method="GET")[0]["status"] == 503
+    status = json.loads(call(guard, "/onprem/drain", method="GET")[1]["body"])
+    assert status["draining"] and status["gpu_fault"] and status["checks"]["gw1"]["refused"] == 1
+    assert call(guard, "/v1/completions", authorization="Bearer " + KEY)[0]["status"] == 200
+    fault.unlink()
+    assert call(guard, "/health", method="GET")[0]["status"] == 200
+
+
 def test_during_a_rotation_both_keys_are_served_and_no_other(tmp_path, call):
     """The key file holds the current key and the rotation's other one, one per line: both pass, anything else not."""
     key_file = tmp_path / "key"
@@ -134,7 +186,7 @@ def test_the_drain_status_counts_each_gateways_refused_checks(tmp_path, call):
         assert sent[0]["status"] == 200
         return json.loads(sent[1]["body"])
 
-    assert check("gw1;fall=2") == 200 and status() == {"draining": False, "in_flight": 0, "checks": {}}
+    assert check("gw1;fall=2") == 200 and status() == {"draining": False, "gpu_fault": False, "in_flight": 0, "checks": {}}
     flag.touch()
     for value in ("gw1;fall=2", "gw1;fall=2", "gw2;fall=3", "gw 3;fall=2", "gw4", "gw5;fall=x"):
         assert check(value) == 503

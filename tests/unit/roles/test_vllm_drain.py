@@ -109,7 +109,7 @@ def test_against_the_real_middleware(tmp_path, asgi_call):
 
     checker = threading.Thread(target=gateway_checks, daemon=True)
     try:
-        assert drain.read_status(base) == {"draining": False, "in_flight": 0, "checks": {}}
+        assert drain.read_status(base) == {"draining": False, "gpu_fault": False, "in_flight": 0, "checks": {}}
         checker.start()
         assert drain.main(["--flag", str(flag), "--server", base, "--min-wait", "0", "--timeout", "10"]) == 0
         seen = drain.read_status(base)

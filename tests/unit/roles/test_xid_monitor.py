@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -127,6 +128,78 @@ def test_metrics_count_events_and_label_the_code(monitor):
     assert 'onprem_vllm_xid_last_event_timestamp_seconds{code="145",pci_bus_id="unknown",xid_severity="warn"}' in m
     assert run().returncode == 0  # nothing new: counts stay
     assert metrics(tmp_path)['onprem_vllm_xid_events_total{xid_severity="block"}'] == 1
+
+
+XID_13 = "Nov 29 09:00:02 ws1 kernel: NVRM: Xid (PCI:0000:01:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0)"
+DRAIN = ("--drain-code", "79", "--drain-code", "48")
+
+
+def test_a_critical_xid_writes_the_drain_flag_and_a_warning_does_not(monitor):
+    run, tmp_path = monitor[0], monitor[2]
+    flag = tmp_path / "fault" / "xid.json"
+    (tmp_path / "kern.log").write_text(XID_13 + "\n")
+    assert run("--drain-flag", str(flag), *DRAIN).returncode == 0
+    assert not flag.exists()
+    assert not [name for name in metrics(tmp_path) if name.startswith("onprem_vllm_xid_drained")]
+    with open(tmp_path / "kern.log", "a") as handle:
+        handle.write(XID_79 + "\n")
+    proc = run("--drain-flag", str(flag), *DRAIN)
+    assert proc.returncode == 0
+    assert "<2>xid-monitor: this host's vLLM servers are out of rotation (Xid 79 on GPU 0000:01:00.0)" in proc.stdout
+    drained = json.loads(flag.read_text())
+    assert [(e["code"], e["pci_bus_id"]) for e in drained["events"]] == [(79, "0000:01:00.0")]
+    assert metrics(tmp_path)['onprem_vllm_xid_drained{code="79",pci_bus_id="0000:01:00.0"}'] == 1
+    # The flag stays (only gpu_return.yml removes it) and the next critical event is added to it.
+    assert run("--drain-flag", str(flag), *DRAIN).returncode == 0
+    assert metrics(tmp_path)['onprem_vllm_xid_drained{code="79",pci_bus_id="0000:01:00.0"}'] == 1
+    with open(tmp_path / "kern.log", "a") as handle:
+        handle.write(XID_79.replace("79, pid", "48, pid") + "\n")
+    assert run("--drain-flag", str(flag), *DRAIN).returncode == 0
+    later = json.loads(flag.read_text())
+    assert later["since"] == drained["since"] and [e["code"] for e in later["events"]] == [79, 48]
+    flag.unlink()  # the operator's return
+    assert run("--drain-flag", str(flag), *DRAIN).returncode == 0
+    assert not [name for name in metrics(tmp_path) if name.startswith("onprem_vllm_xid_drained")]
+
+
+def test_an_ignored_code_never_drains(monitor):
+    run, tmp_path = monitor[0], monitor[2]
+    flag = tmp_path / "xid.json"
+    (tmp_path / "kern.log").write_text(XID_79 + "\n")
+    assert run("--drain-flag", str(flag), "--ignore", "79", *DRAIN).returncode == 0
+    assert not flag.exists()
+
+
+def test_followed_it_drains_within_its_poll_and_keeps_running_when_a_source_fails(monitor):
+    run, journalctl, tmp_path = monitor
+    flag = tmp_path / "xid.json"
+    lib = tmp_path / "lib" / "xid_monitor.py"
+    env = dict(os.environ, PATH="%s:%s" % (tmp_path / "bin", os.environ["PATH"]), XID_WEBHOOK_URL="")
+    argv = [sys.executable, str(lib), "--state", str(tmp_path / "state.json"), "--event-log", str(tmp_path / "ev.log"),
+            "--spool", str(tmp_path / "spool.json"), "--textfile", str(tmp_path / "xid.prom"),
+            "--log-file", str(tmp_path / "kern.log"), "--drain-flag", str(flag), *DRAIN, "--follow", "0.1"]
+    follower = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        def wait_for(check):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if check():
+                    return True
+                time.sleep(0.1)
+            return False
+        assert wait_for((tmp_path / "xid.prom").exists)
+        journalctl("echo 'Failed to open journal: Permission denied' >&2; exit 1")
+        assert wait_for(lambda: metrics(tmp_path).get("onprem_vllm_xid_monitor_last_run_success") == 0)
+        (tmp_path / "kern.log").write_text(XID_79 + "\n")  # the readable file still drains
+        assert wait_for(flag.exists)
+        journalctl("echo '-- cursor: s=2'")
+        assert wait_for(lambda: metrics(tmp_path).get("onprem_vllm_xid_monitor_last_run_success") == 1)
+        assert follower.poll() is None
+    finally:
+        follower.kill()
+    out = follower.communicate()[0]
+    assert out.count("cannot read the kernel log") == 1, out  # told once, not at every poll
+    assert "every kernel log source is readable again" in out
 
 
 def test_a_failed_webhook_post_is_sent_again_by_the_next_run(monitor, sink):

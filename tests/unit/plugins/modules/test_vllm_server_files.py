@@ -119,6 +119,20 @@ def test_the_fingerprint_follows_the_files_under_a_host_salt_and_reveals_nothing
     assert elsewhere["fingerprint"] not in (first["fingerprint"], after["fingerprint"])
 
 
+def test_a_file_left_out_of_the_fingerprint_changes_it_not(server_files, tmp_path):
+    """vllm_server's key file: the middleware reads it again itself, so a rotation must not redeploy the container;
+    the middleware's code is read at startup and still counts."""
+    layout = dict(_layout(tmp_path), fingerprint_salt_file=str(tmp_path / "files.salt"))
+    layout["files"][0]["fingerprint"] = False
+    rc, first = server_files(**layout)
+    rotated = dict(layout, files=[dict(layout["files"][0], content="sk-rotated\n"), layout["files"][1]])
+    rc, after = server_files(**rotated)
+    assert after["changed"] and after["fingerprint"] == first["fingerprint"]
+    recoded = dict(layout, files=[layout["files"][0], dict(layout["files"][1], content="print('v2')\n")])
+    rc, again = server_files(**recoded)
+    assert again["fingerprint"] != first["fingerprint"]
+
+
 def test_in_check_mode_without_a_salt_no_fingerprint_is_made_and_nothing_written(server_files, tmp_path):
     layout = dict(_layout(tmp_path), fingerprint_salt_file=str(tmp_path / "files.salt"))
     rc, result = server_files(**layout, _ansible_check_mode=True)
