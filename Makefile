@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 LAB_WORKSTATIONS ?= 2
 
-.PHONY: site test test-fleet test-crash prereqs prereqs-test venv lab lab-artifacts lab-down lint sanity unit molecule artifacts bench-kv bench-kv-fleet bench-gpu bench-deploy bench-report bench-compare bench-calibrate bench-rollout clean
+.PHONY: site test test-fleet test-crash prereqs prereqs-test venv lab lab-artifacts lab-down lint sanity unit molecule artifacts bench-kv bench-kv-fleet bench-gpu bench-deploy bench-gateway bench-report bench-compare bench-calibrate bench-rollout clean
 
 ## site: bring up the embedded lab and run `ansible-playbook site.yml -i inventories/lab` on it
 site: lab
@@ -121,6 +121,12 @@ bench-calibrate: lab
 
 bench-rollout: venv
 	bash benchmarks/rollout_bench.sh
+
+# Two clients through the lab fleet's gateway (the second one limited, in a tight loop) and the gateway's added latency.
+bench-gateway: prereqs venv lab-artifacts
+	python3 lab/labctl.py up --workstations 3 --gateway --seed
+	ansible-playbook site.yml -i inventories/lab
+	ansible-playbook benchmarks/gateway_tenancy.yml -i inventories/lab
 
 bench-deploy: lab
 	ansible-playbook benchmarks/deploy_gate.yml -i inventories/lab
