@@ -35,4 +35,3 @@ def test_bench_kv_checks_every_cited_log_without_a_wrong_verdict(tmp_path):
     # Deterministic: the planner on committed logs (the cited ones, then the H200 families).
     assert proc.stdout.count("wrong verdicts: 0") == 3, proc.stdout[-2000:]
     assert "concurrency from the logged available memory exact: 16/16" in proc.stdout
-
