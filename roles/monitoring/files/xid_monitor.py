@@ -180,9 +180,10 @@ def metrics_text(state, ok, spooled, now, drained=None):
     return "\n".join(lines) + "\n"
 
 
-def drain(flag, host, events, now):
-    """Write (or extend) the drain flag with the critical events; returns the flag's content."""
-    current = load_json(flag, None) or {"host": host, "since": now, "events": []}
+def drain(flag, current, host, events, now):
+    """Write (or extend) the drain flag, whose content is `current` (None: no flag yet), with the critical events;
+    returns its new content."""
+    current = current or {"host": host, "since": now, "events": []}
     current["events"] = current.get("events", []) + [
         {"code": e["code"], "pci_bus_id": e["pci_bus_id"], "severity": e["severity"], "description": e["description"],
          "seen": now} for e in events]
@@ -221,7 +222,7 @@ class Poll:
         drained = load_json(args.drain_flag, None) if args.drain_flag else None
         if critical and args.drain_flag:
             # First: the host leaves rotation before anything below can take time (the webhook may wait 10 s).
-            drained = drain(args.drain_flag, self.host, critical, now)
+            drained = drain(args.drain_flag, drained, self.host, critical, now)
             print("<2>xid-monitor: this host's vLLM servers are out of rotation (%s); after fixing the GPU, put the host "
                   "back with playbooks/gpu_return.yml -l %s" % (
                       ", ".join("Xid %d on GPU %s" % (e["code"], e["pci_bus_id"] or "(unknown bus id)") for e in critical),
