@@ -626,7 +626,9 @@ FLEET_RECORD = "/etc/onprem-vllm/vllm.deployment.json"
 
 def fleet_records(inventory, group, record):
     """{host: deployment record or None} for every host of the group, read with `ansible -m slurp` (JSON output)."""
-    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    # Only the JSON callback: another one enabled by the configuration (profile_tasks) would print into stdout.
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json")
     ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
     cmd = [ansible if os.path.exists(ansible) else "ansible", group, "-i", inventory, "-b",
            "-m", "ansible.builtin.slurp", "-a", "src=" + record]

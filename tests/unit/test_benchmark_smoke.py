@@ -4,7 +4,8 @@ rot: `make bench-gpu` (gpu_modules_speed.py on the recorded H200 outputs) and `m
 cited vLLM logs and the committed H200 startups; the vllm-wizard column only where that tool is installed). Their
 figures are not judged here (docs/measurements.md has them); only that they run, cover their cases and report no
 failure. The lab's benchmarks run in the fleet scenario: benchmark.yml (bench-report), rollout_bench.yml
-(bench-rollout) and gateway_tenancy.yml (bench-gateway)."""
+(bench-rollout), gateway_tenancy.yml (bench-gateway), and bench_smoke.yml (bench-kv-fleet, bench-compare,
+bench-calibrate, bench-deploy)."""
 from __future__ import annotations
 
 import json
