@@ -24,17 +24,8 @@ author:
   - onprem.vllm developers (@onprem)
 extends_documentation_fragment:
   - onprem.vllm.read_only
+  - onprem.vllm.gpu_source
 options:
-  backend:
-    description:
-      - Where the facts come from. C(auto) uses NVML when nvidia-ml-py is importable, else nvidia-smi.
-    type: str
-    choices: [auto, nvml, nvidia-smi]
-    default: auto
-  nvidia_smi_path:
-    description:
-      - Path of the nvidia-smi binary. Default is the one found on E(PATH).
-    type: path
   tensor_parallel_size:
     description:
       - When set, choose this many GPUs and derive the NCCL environment for them (returned as C(plan)).
