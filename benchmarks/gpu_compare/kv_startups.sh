@@ -12,6 +12,13 @@
 #   bash benchmarks/gpu_compare/kv_startups.sh run ID...   # carry .device/gpu-compare-2 (first run call only): unpack
 #                                                          # the site, then the listed startups in order (all: every ID)
 #   bash benchmarks/gpu_compare/kv_startups.sh list        # the run table
+# The compiled family set (gemma 3 sliding window, block-FP8 MoE, Granite 4.0-H Mamba2, Qwen3-Next gated delta net,
+# Qwen3-VL MoE, Qwen3 dense; 2 utilizations x 2 lengths each, cut to few layers, two near misses of the fit check and
+# a load of a pinned pool), about 30 min of one H100 or H200 in four calls back to back (a machine idle 30 s goes back):
+#   stage1 (carry gpu-compare-1); stage3 (carry gpu-compare-3);
+#   BUDGET_S=560 ... run g3-27bL12-u090-32k ... q30moeL8-* ghtinyL10-*      (carry gpu-compare-2)
+#   BUDGET_S=560 LOAD=g3-27bL12-u090-32k:32 ... run q3nextL8-* qvl30bL8-* q8bL8-*
+# then: .venv/bin/python benchmarks/gpu_compare/parse_kv_startups.py DATA_DIR > DATA_DIR/runs.yaml.
 # BUDGET_S (default 540): no startup begins unless its estimate fits in what is left of it. Results: $OUT/kv-logs.tar.xz
 # (rewritten after every startup, so a call cut short still returns what ran): <id>.log per run, whose first lines are
 # the exact command and environment, and runs.tsv (id, how it ended, seconds, exit status).
@@ -25,6 +32,10 @@ CONFIGS=benchmarks/gpu_compare/model-configs
 T0=$(date +%s)
 mkdir -p "$STAGE" "$OUT"
 
+# Compiled family startups (2026-12-05): the *-L<N> model-configs are the published configs with fewer layers
+# (cut_layers.py), so a compiled startup takes about a minute; a utilization written B<GiB> is the one whose budget
+# (utilization x the device total that torch reports) is that many GiB, rounded to 0.001, so a run sits at the same
+# distance from vLLM's fit check on any GPU.
 # id | model-configs dir | gpu_memory_utilization | max_model_len | further flags | estimated seconds (as measured,
 # rounded up; rows not run yet: a guess)
 # [| environment: VAR=value ..., e.g. VLLM_USE_V2_MODEL_RUNNER=0 for the runner that profiles a vision encoder]
@@ -71,6 +82,32 @@ gh-micro-u090-32k-eager|granite-4.0-h-micro|0.9|32768|--enforce-eager|160
 q3next-fp8-u090-32k-eager|Qwen3-Next-80B-A3B-Instruct-FP8|0.9|32768|--enforce-eager|85
 nemoh-8b-u090-8k-eager|Nemotron-H-8B-Base-8K|0.9|8192|--enforce-eager|130
 gptoss-20b-u090-32k-eager|gpt-oss-20b|0.9|32768|--enforce-eager|80
+g3-27bL12-u090-32k|gemma-3-27b-it-text-L12|0.9|32768||110
+g3-27bL12-u050-32k|gemma-3-27b-it-text-L12|0.5|32768||60
+g3-27bL12-u090-128k|gemma-3-27b-it-text-L12|0.9|131072||90
+g3-27bL12-u050-128k|gemma-3-27b-it-text-L12|0.5|131072||60
+g3-27bL12-b170-128k|gemma-3-27b-it-text-L12|B17.0|131072||60
+g3-27bL12-b173-128k|gemma-3-27b-it-text-L12|B17.3|131072||60
+q30moeL8-u090-8k|Qwen3-30B-A3B-FP8-L8|0.9|8192||110
+q30moeL8-u050-8k|Qwen3-30B-A3B-FP8-L8|0.5|8192||60
+q30moeL8-u090-40k|Qwen3-30B-A3B-FP8-L8|0.9|40960||90
+q30moeL8-u050-40k|Qwen3-30B-A3B-FP8-L8|0.5|40960||60
+ghtinyL10-u090-32k|granite-4.0-h-tiny-L10|0.9|32768||120
+ghtinyL10-u050-32k|granite-4.0-h-tiny-L10|0.5|32768||60
+ghtinyL10-u090-128k|granite-4.0-h-tiny-L10|0.9|131072||90
+ghtinyL10-u050-128k|granite-4.0-h-tiny-L10|0.5|131072||60
+q3nextL8-u090-32k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.9|32768||120
+q3nextL8-u050-32k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.5|32768||60
+q3nextL8-u090-256k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.9|262144||90
+q3nextL8-u050-256k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.5|262144||60
+qvl30bL8-u090-32k|Qwen3-VL-30B-A3B-Instruct-L8|0.9|32768||110
+qvl30bL8-u050-32k|Qwen3-VL-30B-A3B-Instruct-L8|0.5|32768||60
+qvl30bL8-u090-256k|Qwen3-VL-30B-A3B-Instruct-L8|0.9|262144||90
+qvl30bL8-u050-256k|Qwen3-VL-30B-A3B-Instruct-L8|0.5|262144||60
+q8bL8-u090-8k|Qwen3-8B-L8|0.9|8192||90
+q8bL8-u050-8k|Qwen3-8B-L8|0.5|8192||50
+q8bL8-u090-40k|Qwen3-8B-L8|0.9|40960||70
+q8bL8-u050-40k|Qwen3-8B-L8|0.5|40960||50
 '
 
 row() { printf '%s\n' "$RUNS" | awk -F'|' -v id="$1" '$1 == id'; }
@@ -102,8 +139,13 @@ if [ ! -f "$SITE/vllm/_C_stable_libtorch.abi3.so" ]; then
   rm -rf "$SITE" && mkdir -p "$SITE"
   python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
     .device/gpu-compare-2/site.tar.xz "$SITE"
-  mkdir -p "$STAGE/tokenizer" && cp .device/gpu-compare-2/tokenizer/tokenizer.json \
-    .device/gpu-compare-2/tokenizer/tokenizer_config.json "$STAGE/tokenizer/"
+  mkdir -p "$STAGE/tokenizer"
+  if [ -f .device/gpu-compare-2/tokenizer/tokenizer.json ]; then
+    cp .device/gpu-compare-2/tokenizer/tokenizer.json .device/gpu-compare-2/tokenizer/tokenizer_config.json \
+      "$STAGE/tokenizer/"
+  else  # a pack built without the lab: the stand-in tokenizer (memory follows config.json's vocabulary)
+    python3 benchmarks/gpu_compare/make_tokenizer.py "$STAGE/tokenizer"
+  fi
   for so in _C_stable_libtorch.abi3.so _moe_C_stable_libtorch.abi3.so; do
     [ -f "$STAGE/kernels/$so" ] && cp "$STAGE/kernels/$so" "$SITE/vllm/$so"
   done
@@ -160,6 +202,9 @@ for id in "$@"; do
     printf '%s\tskipped\t0\t-\n' "$id" >> "$LOGS/runs.tsv"
     continue
   fi
+  if [ "${util#B}" != "$util" ]; then
+    util=$(python3 -c 'import sys, torch; print(round(float(sys.argv[1]) * 2**30 / torch.cuda.mem_get_info()[1], 3))' "${util#B}")
+  fi
   dir="$STAGE/models/$model"
   mkdir -p "$dir"
   # config.json and any processor files (a vision model's preprocessor_config.json ...)
@@ -210,6 +255,66 @@ for id in "$@"; do
   wait_gpu_free
   pack_logs
 done
+# LOAD=ID:SEQS (after the startups, if LOAD_ESTIMATE_S fits in what is left of BUDGET_S): the row ID again, its KV
+# pool pinned with --kv-cache-memory-bytes at what its own startup above logged as available plus 0.5 % of its budget
+# (the most a plan within the planner's stated error could pin before its margin), --max-num-seqs SEQS, then SEQS
+# requests at once of max_model_len - 32 prompt tokens (kv_load.py); the log (load-ID.log) keeps the server's output,
+# the client's report and the GPU's memory every second.
+if [ -n "${LOAD:-}" ]; then
+  id=${LOAD%%:*}; seqs=${LOAD##*:}
+  IFS='|' read -r _ model util max_len flags estimate run_env <<< "$(row "$id")"
+  left=$(( BUDGET_S - ($(date +%s) - T0) ))
+  if [ "$left" -lt "${LOAD_ESTIMATE_S:-150}" ]; then
+    echo "skip load of $id: ${left}s left of BUDGET_S"
+  else
+    pool=$(python3 -c 'import re, sys
+text = open(sys.argv[1]).read()
+avail = float(re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)[-1])
+budget = float(re.findall(r"Requested memory: [\d.]+ \(util\), ([\d.]+) GiB", text)[-1])
+print(int((avail + 0.005 * budget) * 2**30))' "$LOGS/$id.log")
+    vocab=$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c.get("text_config", c)["vocab_size"])' \
+      "$CONFIGS/$model/config.json")
+    dir="$STAGE/models/$model"
+    # shellcheck disable=SC2206
+    cmd=(python3 -m vllm.entrypoints.openai.api_server --model "$dir" --served-model-name "$model" --port 8000
+         --load-format dummy --max-model-len "$max_len" --kv-cache-memory-bytes "$pool" --max-num-seqs "$seqs" $flags)
+    log="$LOGS/load-$id.log"
+    {
+      echo "# load: $id, pool = available logged in $id.log + 0.5 % of its budget = $pool bytes, $seqs requests"
+      echo "# command: ${run_env:+$run_env }${cmd[*]}"
+      echo "# client: python3 benchmarks/gpu_compare/kv_load.py http://127.0.0.1:8000 $model $seqs $(( max_len - 32 )) $vocab 16"
+      echo "# gpu before: $(nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader)"
+    } > "$log"
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    env $run_env "${cmd[@]}" >> "$log" 2>&1 &
+    pid=$!
+    ready=no
+    while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - start )) -lt "$RUN_LIMIT_S" ]; do
+      if python3 -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:8000/v1/models", timeout=2)' 2>/dev/null; then
+        ready=yes; break
+      fi
+      sleep 1
+    done
+    echo "# ready: $ready after $(( $(date +%s) - start ))s" >> "$log"
+    if [ "$ready" = yes ]; then
+      nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -l 1 > "$LOGS/load-$id.gpu.csv" &
+      smi=$!
+      timeout $(( BUDGET_S - ($(date +%s) - T0) - 10 )) python3 benchmarks/gpu_compare/kv_load.py \
+        http://127.0.0.1:8000 "$model" "$seqs" $(( max_len - 32 )) "$vocab" 16 > "$LOGS/load-$id.client" 2>&1 \
+        && client=0 || client=$?
+      kill "$smi" 2>/dev/null || true
+      { echo "# client exit status $client:"; sed 's/^/# /' "$LOGS/load-$id.client";
+        echo "# gpu memory used, MiB (max over the load): $(cut -d, -f2 "$LOGS/load-$id.gpu.csv" | tr -dc '0-9\n' | sort -n | tail -1)";
+        echo "# server alive after the load: $(kill -0 "$pid" 2>/dev/null && echo yes || echo no)"; } >> "$log"
+      rm -f "$LOGS/load-$id.client"
+    fi
+    stop_server "$pid"
+    grep -E "out of memory|OutOfMemory|CUDA error|Traceback" "$log" | head -5 || true
+    tail -8 "$log"
+    printf 'load-%s\t%s\t%s\t-\n' "$id" "$ready" "$(( $(date +%s) - start ))" >> "$LOGS/runs.tsv"
+  fi
+fi
 set +m
 pack_logs
 cat "$LOGS/runs.tsv"

@@ -16,7 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VLLM_VERSION=0.26.0
-PIP=(.venv/bin/pip)
+# PIP: any pip works (it only downloads and unpacks wheels for the target), e.g. PIP="python3 -m pip"
+read -r -a PIP <<< "${PIP:-.venv/bin/pip}"
 WORK=.cache/gpu-compare
 PLATFORMS=()
 for tag in manylinux_2_17 manylinux2014 manylinux_2_24 manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 \
@@ -61,6 +62,11 @@ rm -rf "${SITE:?}/vllm/_C_stable_libtorch.abi3.so" "$SITE/vllm/vllm_flash_attn/_
 tar -C "$SITE" -cf - . | xz -T0 -6 > .device/gpu-compare-2/site.tar.xz
 SNAPSHOTS=(lab/build/share/hf-seed/hub/models--onprem-lab--tiny-qwen3/snapshots/*/)
 SNAPSHOT=${SNAPSHOTS[0]}
-cp -L "$SNAPSHOT"/tokenizer.json "$SNAPSHOT"/tokenizer_config.json "$SNAPSHOT"/generation_config.json \
-  "$SNAPSHOT"/config.json .device/gpu-compare-2/tokenizer/
+if [ -d "$SNAPSHOT" ]; then
+  cp -L "$SNAPSHOT"/tokenizer.json "$SNAPSHOT"/tokenizer_config.json "$SNAPSHOT"/generation_config.json \
+    "$SNAPSHOT"/config.json .device/gpu-compare-2/tokenizer/
+else
+  # no lab built here: kv_startups.sh writes make_tokenizer.py's stand-in on the GPU machine instead
+  rmdir .device/gpu-compare-2/tokenizer
+fi
 du -sh .device/gpu-compare-1 .device/gpu-compare-2 .device/gpu-compare-3
