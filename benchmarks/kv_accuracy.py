@@ -309,13 +309,13 @@ def fit_026(verbose=True):
               "ACTIVATION_026_BYTES_PER_TOKEN_WIDTH = %.2f" % (base, under, per_width))
         print("  ACTIVATION_026_V1_SAMPLER_COPIES = %s (from %s)" % (
             ", ".join("%.2f" % c for c in copies), ", ".join(m[0] for m in moe)))
-        print("  NON_TORCH_026_BYTES_BY_TP[1] = %.2f GiB (largest logged), CUDAGRAPH_026_V1_ESTIMATE_BYTES = %s GiB"
-              % (non_torch, graphs))
+        print("  NON_TORCH_026_BYTES_BY_TP[1] = %.2f GiB (largest logged); runner V1's logged CUDA-graph estimates: "
+              "%s GiB (kv_accuracy.py --cudagraphs derives them)" % (non_torch, graphs))
         print("  in kv_cache.py: base %.3f GiB, per width %.2f, V1 sampler copies %.2f, TP1 non-torch %.2f GiB, "
-              "V1 CUDA graphs %.2f GiB" % (
+              "a V1 CUDA graph after the first %d MiB" % (
                   kc.ACTIVATION_026_BASE_BYTES / GIB, kc.ACTIVATION_026_BYTES_PER_TOKEN_WIDTH,
                   kc.ACTIVATION_026_V1_SAMPLER_COPIES, kc.NON_TORCH_026_BYTES_BY_TP[1] / GIB,
-                  kc.CUDAGRAPH_026_V1_ESTIMATE_BYTES / GIB))
+                  kc.CUDAGRAPH_PER_GRAPH_BYTES >> 20))
     return base, per_width, copies, non_torch, graphs
 
 
@@ -668,6 +668,32 @@ def fleet(args):
     return 0 if compared and all(row[-1] in ("EXACT", "WITHIN LIMIT") for row in compared) else 1
 
 
+# Runner V1's own CUDA-graph estimates, as logged: (what, model-configs folder, max_num_seqs, max_num_batched_tokens,
+# logged graphs {mode: count}, logged "Estimated CUDA graph memory" GiB).
+CUDAGRAPH_LOGS = (
+    ("q30moe-fp8-u090-32k (vLLM 0.26.0, H200; benchmarks/data/kv-h200-vllm0.26-2026-12-01)", "Qwen3-30B-A3B-FP8",
+     1024, 8192, {"PIECEWISE": 51, "FULL": 51}, 0.84),
+    ("qwen3-8b-a5000-0.21 (vLLM 0.21.0, RTX A5000; benchmarks/data/kv_startup_logs.yaml)", "Qwen3-8B",
+     256, 2048, {"PIECEWISE": 51, "FULL": 35}, 0.52),
+)
+
+
+def cudagraph_table(verbose=True):
+    """kv_cache.py's derivation of runner V1's CUDA-graph estimate against the logged ones: (graphs, GiB) pairs."""
+    out = []
+    for what, model, seqs, tokens, graphs, logged in CUDAGRAPH_LOGS:
+        path = os.path.join(ROOT, "benchmarks", "gpu_compare", "model-configs", model, "config.json")
+        with open(path, "r", encoding="utf-8") as handle:
+            shape = parse_config(json.load(handle), source=model)
+        counts = {mode: n for mode, (n, _largest) in kc.cudagraph_counts(seqs, tokens).items()}
+        estimate = kc.cudagraph_estimate_bytes(shape, 1, tokens, seqs) / GIB
+        out.append((what, counts, graphs, estimate, logged))
+        if verbose:
+            print("%-90s graphs %s (logged %s), estimate %.3f GiB (logged %.2f)" % (what, counts, graphs, estimate,
+                                                                                   logged))
+    return out
+
+
 def family_runs(path=FAMILIES_DATA):
     """Each startup log of the families: its command's settings, vLLM's logged numbers, the model's config."""
     from parse_kv_startups import flag as log_flag, parse_log  # benchmarks/gpu_compare, on sys.path below
@@ -766,6 +792,8 @@ def main(argv=None):
     parser.add_argument("--cpu-kvcache-space-gib", type=float, default=1.0,
                         help="VLLM_CPU_KVCACHE_SPACE of the lab server (the lab sets 1)")
     parser.add_argument("--lab-block-size", type=int, default=16, help="--block-size the lab server used")
+    parser.add_argument("--cudagraphs", action="store_true",
+                        help="runner V1's CUDA-graph estimate as derived against the logged ones")
     parser.add_argument("--families", action="store_true",
                         help="only the vision-language, sliding-window and hybrid startups on the H200")
     parser.add_argument("--fleet", action="store_true",
@@ -776,6 +804,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.fleet:
         return fleet(args)
+    if args.cudagraphs:
+        cudagraph_table()
+        return 0
     if args.families:
         families_table()
         return 0

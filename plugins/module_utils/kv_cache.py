@@ -83,10 +83,25 @@ ACTIVATION_026_V1_SAMPLER_COPIES = 2.31
 # TP2-8 were not measured on 0.26, so they keep the older table's values.
 NON_TORCH_026_BYTES_BY_TP = {**NON_TORCH_BYTES_BY_TP, 1: int(0.24 * GIB)}
 # CUDA graphs: vLLM 0.26 runs dense models on model runner V2 ("Using V2 Model Runner"), whose profiler does not
-# subtract CUDA graphs (requested - weight - peak - non-torch - available = 0.00 +- 0.01 GiB on every dense run;
-# the graphs, 0.5-1.9 GiB, go in the 1 - util headroom). The MoE run uses runner V1, which subtracts its logged
-# "Estimated CUDA graph memory: 0.84 GiB" (q30moe-fp8-u090-32k; one run).
-CUDAGRAPH_026_V1_ESTIMATE_BYTES = int(0.84 * GIB)
+# subtract CUDA graphs (profile_cudagraph_memory returns 0 in vllm/v1/worker/gpu/model_runner.py; requested - weight -
+# peak - non-torch - available = 0.00 +- 0.01 GiB on every dense run; the graphs, 0.5-1.9 GiB, go in the 1 - util
+# headroom). Model runner V1 (MoE and hybrid models) subtracts the estimate of its profile_cudagraph_memory
+# (vllm/v1/worker/gpu_model_runner.py), which the planner follows step by step:
+#  * the capture sizes (vllm/config/vllm.py _set_cudagraph_sizes): 1, 2, 4, multiples of 8 below 256, multiples of 16
+#    from 256, up to min(2 x max_num_seqs, 512, max_num_batched_tokens), plus max_num_batched_tokens if below that;
+#  * the default cudagraph_mode FULL_AND_PIECEWISE captures a PIECEWISE graph at every size and a FULL graph at every
+#    size up to max_num_seqs (uniform decode batches; vllm/v1/cudagraph_dispatcher.py);
+#  * per mode it captures the largest size ("first capture") and the next one ("per graph"), and estimates
+#    max(first capture of each mode) + sum over modes of (graphs - 1) x per graph.
+# The two measured quantities: a graph after the first costs 6 MiB (both modes of the DEBUG breakdown of
+# q30moe-fp8-u090-32k, "Estimated FULL CUDA graph memory: 258.00 MiB first-capture + (51-1) x 6.00 MiB per-graph";
+# and the 0.21.0 log of Qwen3-8B on an RTX A5000, 0.52 GiB for PIECEWISE=51, FULL=35: 28 + 84 x 6 MiB). The first
+# capture holds the activations of the largest size in 16 bit (size x (hidden + per-GPU MLP width) x 2: 28 MiB for
+# Qwen3-8B at 512) or, for a fused MoE, its workspace sized for max_num_batched_tokens (tokens x top-k x max(2 x
+# moe_intermediate, hidden) x 2: 256 MiB for Qwen3-30B-A3B at 8192, logged 258), whichever is larger. Both logs come
+# out within their 0.01 GiB rounding (benchmarks/kv_accuracy.py --cudagraphs).
+CUDAGRAPH_PER_GRAPH_BYTES = 6 << 20
+CUDAGRAPH_MAX_CAPTURE_SIZE = 512
 
 # --- a pinned KV pool (vLLM's --kv-cache-memory-bytes) -------------------------------------------------------
 # The flag (CacheConfig.kv_cache_memory_bytes) is absent from vLLM 0.10.1's engine/arg_utils.py and present in
@@ -656,8 +671,54 @@ def activation_peak_bytes_026(shape: ModelShape, tp: int, batched_tokens: int, n
     return int(ACTIVATION_026_BASE_BYTES + forward + sampler)
 
 
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> List[int]:
+    """vLLM's default CUDA-graph capture sizes (vllm/config/vllm.py _set_cudagraph_sizes, no speculative decoding)."""
+    largest = min(max_num_seqs * 2, CUDAGRAPH_MAX_CAPTURE_SIZE, max_num_batched_tokens)
+    sizes = [size for size in (1, 2, 4) if size <= largest]
+    if largest >= 8:
+        sizes += list(range(8, min(largest + 1, 256), 8))
+    if largest >= 256:
+        sizes += list(range(256, largest + 1, 16))
+    if max_num_batched_tokens <= largest:
+        sizes.append(max_num_batched_tokens)
+    return sorted(set(sizes))
+
+
+def cudagraph_counts(max_num_seqs: int, max_num_batched_tokens: int) -> dict:
+    """Graphs model runner V1 captures in the default FULL_AND_PIECEWISE mode: {mode: (graphs, largest size)}."""
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
+    full = [size for size in sizes if size <= max_num_seqs]
+    counts = {"PIECEWISE": (len(sizes), sizes[-1] if sizes else 0)}
+    if full:
+        counts["FULL"] = (len(full), full[-1])
+    return counts
+
+
+def cudagraph_first_capture_bytes(shape: ModelShape, tp: int, size: int, batched_tokens: int,
+                                  expert_parallel: bool = False) -> int:
+    """The graph pool's first capture: the activations of `size` tokens, or a fused MoE's workspace."""
+    activations = size * (shape.hidden_size + mlp_width_per_gpu(shape, tp, expert_parallel)) * 2
+    workspace = 0
+    if shape.is_moe:
+        moe_tp = 1 if expert_parallel else tp
+        workspace = (batched_tokens * shape.num_experts_per_tok
+                     * max(2 * shape.moe_intermediate_size // moe_tp, shape.hidden_size) * 2)
+    return int(max(activations, workspace))
+
+
+def cudagraph_estimate_bytes(shape: ModelShape, tp: int, batched_tokens: int, num_seqs: int,
+                             expert_parallel: bool = False) -> int:
+    """Model runner V1's "Estimated CUDA graph memory" (profile_cudagraph_memory): max of the modes' first
+    captures plus each mode's further graphs at CUDAGRAPH_PER_GRAPH_BYTES."""
+    counts = cudagraph_counts(num_seqs, batched_tokens)
+    first = max(cudagraph_first_capture_bytes(shape, tp, largest, batched_tokens, expert_parallel)
+                for _graphs, largest in counts.values())
+    return first + sum(graphs - 1 for graphs, _largest in counts.values()) * CUDAGRAPH_PER_GRAPH_BYTES
+
+
 def cudagraph_in_budget_bytes(shape: ModelShape, version: tuple, enforce_eager: bool,
-                              runner_is_v1: Optional[bool] = None) -> int:
+                              runner_is_v1: Optional[bool] = None, tp: int = 1, batched_tokens: int = 8192,
+                              num_seqs: int = 1024, expert_parallel: bool = False) -> int:
     """The CUDA-graph estimate vLLM subtracts from the budget while profiling (0 where graphs live outside it)."""
     if enforce_eager or version < CUDAGRAPH_IN_BUDGET_FROM:
         return 0
@@ -665,7 +726,9 @@ def cudagraph_in_budget_bytes(shape: ModelShape, version: tuple, enforce_eager: 
         return CUDAGRAPH_ESTIMATE_BYTES
     if runner_is_v1 is None:
         runner_is_v1 = uses_model_runner_v1(shape, version)
-    return CUDAGRAPH_026_V1_ESTIMATE_BYTES if runner_is_v1 else 0
+    if not runner_is_v1:
+        return 0
+    return cudagraph_estimate_bytes(shape, tp, batched_tokens, num_seqs, expert_parallel)
 
 
 # --- the plan ------------------------------------------------------------------------------------------------
@@ -700,7 +763,8 @@ def _non_kv_bytes(req: PlanRequest, tp: int, version: tuple) -> dict:
     else:
         act = activation_peak_bytes(shape, tp, tokens, seqs, req.enable_expert_parallel)
         non_torch = non_torch_bytes(tp, req.pipeline_parallel_size)
-    cudagraph = cudagraph_in_budget_bytes(shape, version, req.enforce_eager, v1)
+    cudagraph = cudagraph_in_budget_bytes(shape, version, req.enforce_eager, v1, tp, tokens, seqs,
+                                          req.enable_expert_parallel)
     return {"weights": weights, "weights_source": source, "activation": act, "non_torch": non_torch,
             "cudagraph": cudagraph, "batched_tokens": tokens, "num_seqs": seqs}
 
