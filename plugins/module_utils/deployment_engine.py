@@ -47,6 +47,10 @@ PURPOSE_PENDING = "pending"
 PURPOSE_UNCHANGED = "unchanged"
 PURPOSE_RESTORED = "restored"
 
+# An uncut replacement, in order (the unit tests derive it from next_action; tests/crash/crash_points.py checks the
+# module's real actions against it and kills a rollout after each).
+REPLACEMENT = (WRITE_MARKER, STOP_CURRENT, SET_ASIDE, CREATE, GATE, FINISH_RECORDS, REMOVE_ASIDE, REMOVE_MARKER)
+
 # The actions that change the running server: prepare (before the gateway's drain) stops at the first of them.
 REPLACING = frozenset({WRITE_MARKER, STOP_CURRENT, SET_ASIDE, CREATE})
 

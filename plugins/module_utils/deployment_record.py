@@ -1,8 +1,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A deployment's records on its host: where they live, how they are read and written, what a rollback takes from them.
 
-The only code that knows these files (vllm_server's deploy and reconcile write them through the module
-vllm_deployment_record; vllm_host_info reads them for the role, rollback.yml and benchmark.yml). In the server's
+The only code that knows these files (the module vllm_deployment writes them; vllm_host_info reads them for the role,
+rollback.yml and benchmark.yml). In the server's
 config directory, for its container NAME:
 
 - NAME.deployment.json: the deployment that runs and last passed its gate;
@@ -124,9 +124,29 @@ def write(path: str, content: str) -> bool:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _sync_directory(directory)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    return True
+
+
+def _sync_directory(directory: str) -> None:
+    """Make a rename or unlink in DIRECTORY durable: without it a power cut can undo the step after the file's fsync."""
+    fd = os.open(directory or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove(path: str) -> bool:
+    """Remove the file durably; True when there was one."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    _sync_directory(os.path.dirname(path))
     return True
 
 

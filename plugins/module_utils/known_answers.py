@@ -161,3 +161,54 @@ def non_finite(answers: list) -> str:
         if bad:
             return f"answer {index} holds a non-finite value ({bad[0]})"
     return ""
+
+
+def run(http, *, answers_file: str, model: str, revision: str, model_config, runner: str, served_model_name: str,
+        prompts, positions: int, top_logprobs: int, max_logprob_delta: float, tie_margin: float, min_cosine: float,
+        mode: str, image: str, read_json, write_json, now: str) -> dict:
+    """The gate on one server: {outcome, changed, failures, seconds, answers_file, error}. MODE gate (compare, record
+    when nothing is recorded), record_missing (record only when nothing is recorded; a difference is reported, not a
+    failure) or accept (record the answers as they are). ERROR is the failure's message, '' when the gate passed.
+    READ_JSON(path) -> parsed or None, WRITE_JSON(path, content) and NOW (a UTC timestamp) are the caller's I/O."""
+    import time
+
+    result = {"outcome": "", "changed": False, "failures": [], "seconds": 0.0, "answers_file": answers_file,
+              "error": ""}
+    prompts = list(prompts) or list(DEFAULT_PROMPTS)
+    config = read_json(model_config) if model_config else None
+    stored = read_json(answers_file)
+    wanted = identity(model, revision, checkpoint_dtype(config), runner, prompts)
+    recorded = stored if stored and stored.get("identity") == wanted else None
+    if mode == "record_missing" and recorded is not None:
+        result["outcome"] = "kept"
+        return result
+    started = time.monotonic()
+    try:
+        answers = ask_all(http, runner, served_model_name, prompts, positions, top_logprobs)
+    except (AnswersError, OSError) as exc:
+        result.update(outcome="failed", error="known-answer gate: the server did not answer the prompt set: %s" % exc)
+        return result
+    result["seconds"] = round(time.monotonic() - started, 3)
+    broken = non_finite(answers)
+    if broken:
+        result.update(outcome="failed", failures=[broken], error="known-answer gate failed: %s" % broken)
+        return result
+    if recorded is not None and mode != "accept":
+        result["recorded_with"] = {"image": recorded.get("image", ""), "recorded_at": recorded.get("recorded_at", "")}
+        failures = compare(recorded["answers"], answers, prompts, positions=positions,
+                           max_logprob_delta=max_logprob_delta, tie_margin=tie_margin, min_cosine=min_cosine)
+        result["failures"] = failures
+        if not failures:
+            result["outcome"] = "passed"
+        elif mode == "record_missing":
+            result["outcome"] = "differs"
+        else:
+            result.update(outcome="failed", error=(
+                "known-answer gate failed on %d of %d prompts (answers recorded with %s at %s). First: %s. If the new "
+                "answers are right (checked by a person), record them with vllm_server_known_answers_accept: true."
+                % (len(failures), len(prompts), recorded.get("image") or "an unknown image",
+                   recorded.get("recorded_at") or "an unknown time", failures[0])))
+        return result
+    write_json(answers_file, {"identity": wanted, "image": image, "answers": answers, "recorded_at": now})
+    result.update(outcome="recorded", changed=True)
+    return result

@@ -136,3 +136,21 @@ def fleet_rows(records: dict) -> list:
                      predicted.get("max_concurrency"), actual.get("max_concurrency"), kv.get("difference_pct"),
                      verdict))
     return rows
+
+
+def check(read_metrics, plan: Optional[dict], max_difference_pct: float) -> tuple:
+    """The server's allocation against PLAN: (the record's kv_cache entry, why no actual was read or '', the
+    comparison's warning or ''). READ_METRICS() returns the /metrics page or raises OSError."""
+    predicted = predicted_from_plan(plan)
+    actual, why = None, ""
+    try:
+        labels = parse_cache_config_info(read_metrics())
+        if labels is None:
+            why = "/metrics has no vllm:cache_config_info series"
+        else:
+            actual = actual_from_labels(labels, (predicted or {}).get("max_model_len"))
+            why = "" if actual else "vllm:cache_config_info has no num_gpu_blocks yet"
+    except OSError as exc:
+        why = "cannot read /metrics: %s" % exc
+    result = compare(predicted, actual, max_difference_pct)
+    return result["entry"], why, result["warning"]

@@ -145,7 +145,6 @@ recorded_with:
 """
 
 import json
-import time
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
@@ -189,18 +188,6 @@ def main():
     if module.check_mode:
         module.exit_json(outcome="skipped", **result)
 
-    prompts = p["prompts"] or list(known_answers.DEFAULT_PROMPTS)
-    try:
-        config = deployment_record.read(p["model_config"]) if p["model_config"] else None
-        stored = deployment_record.read(path)
-    except deployment_record.RecordError as exc:
-        module.fail_json(msg=str(exc), **result)
-    wanted = known_answers.identity(p["model"], p["revision"], known_answers.checkpoint_dtype(config), p["runner"],
-                                    prompts)
-    recorded = stored if stored and stored.get("identity") == wanted else None
-    if p["mode"] == "record_missing" and recorded is not None:
-        module.exit_json(outcome="kept", **result)
-
     base_url = p["url"].rstrip("/")
     headers = {"Content-Type": "application/json"}
     if p["api_key"]:
@@ -214,43 +201,23 @@ def main():
         except HTTPError as exc:
             return Response(exc.code, exc.read().decode("utf-8", "replace"))
 
-    started = time.monotonic()
     try:
-        answers = known_answers.ask_all(http, p["runner"], p["served_model_name"], prompts, p["positions"],
-                                        p["top_logprobs"])
-    except (known_answers.AnswersError, OSError) as exc:
-        module.fail_json(msg="known-answer gate: the server did not answer the prompt set: %s" % exc, **result)
-    result["seconds"] = round(time.monotonic() - started, 3)
-
-    broken = known_answers.non_finite(answers)
-    if broken:
-        result["failures"] = [broken]
-        module.fail_json(msg="known-answer gate failed: %s" % broken, **result)
-
-    if recorded is not None and p["mode"] != "accept":
-        result["recorded_with"] = {"image": recorded.get("image", ""), "recorded_at": recorded.get("recorded_at", "")}
-        failures = known_answers.compare(recorded["answers"], answers, prompts, positions=p["positions"],
-                                         max_logprob_delta=p["max_logprob_delta"], tie_margin=p["tie_margin"],
-                                         min_cosine=p["min_cosine"])
-        result["failures"] = failures
-        if not failures:
-            module.exit_json(outcome="passed", **result)
-        if p["mode"] == "record_missing":
-            module.exit_json(outcome="differs", **result)
-        module.fail_json(
-            msg="known-answer gate failed on %d of %d prompts (answers recorded with %s at %s). First: %s. If the new "
-                "answers are right (checked by a person), record them with vllm_server_known_answers_accept: true."
-                % (len(failures), len(prompts), recorded.get("image") or "an unknown image",
-                   recorded.get("recorded_at") or "an unknown time", failures[0]), **result)
-
-    content = {"identity": wanted, "image": p["image"], "answers": answers,
-               "recorded_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    try:
-        deployment_record.write(path, deployment_record.dumps(content))
+        result = known_answers.run(
+            http, answers_file=path, model=p["model"], revision=p["revision"], model_config=p["model_config"],
+            runner=p["runner"], served_model_name=p["served_model_name"], prompts=p["prompts"],
+            positions=p["positions"], top_logprobs=p["top_logprobs"], max_logprob_delta=p["max_logprob_delta"],
+            tie_margin=p["tie_margin"], min_cosine=p["min_cosine"], mode=p["mode"], image=p["image"],
+            read_json=deployment_record.read,
+            write_json=lambda target, content: deployment_record.write(target, deployment_record.dumps(content)),
+            now=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    except deployment_record.RecordError as exc:
+        module.fail_json(msg=str(exc), **result)
     except OSError as exc:
         module.fail_json(msg="cannot write %s: %s" % (path, exc), **result)
-    result["changed"] = True
-    module.exit_json(outcome="recorded", **result)
+    error = result.pop("error")
+    if error:
+        module.fail_json(msg=error, **result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

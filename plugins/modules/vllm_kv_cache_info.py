@@ -59,15 +59,9 @@ record:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.onprem.vllm.plugins.module_utils.kv_actual import (
-    actual_from_labels,
-    compare,
-    parse_cache_config_info,
-    predicted_from_plan,
-)
+from ansible_collections.onprem.vllm.plugins.module_utils.kv_actual import check
 
 
 def main():
@@ -83,27 +77,19 @@ def main():
     )
     params = module.params
     headers = {"Authorization": "Bearer " + params["api_key"]} if params["api_key"] else {}
-    predicted = predicted_from_plan(params["predicted"])
-    actual = None
-    why = ""
-    try:
-        page = open_url(params["url"].rstrip("/") + "/metrics", headers=headers, timeout=params["request_timeout"],
+    url = params["url"].rstrip("/")
+
+    def read_metrics():
+        return open_url(url + "/metrics", headers=headers, timeout=params["request_timeout"],
                         validate_certs=False).read().decode("utf-8", "replace")
-        labels = parse_cache_config_info(page)
-        if labels is None:
-            why = "/metrics has no vllm:cache_config_info series"
-        else:
-            actual = actual_from_labels(labels, (predicted or {}).get("max_model_len"))
-            why = "" if actual else "vllm:cache_config_info has no num_gpu_blocks yet"
-    except (HTTPError, URLError, OSError) as exc:
-        why = "cannot read %s/metrics: %s" % (params["url"].rstrip("/"), exc)
-    result = compare(predicted, actual, params["max_difference_pct"])
+
+    entry, why, warning = check(read_metrics, params["predicted"], params["max_difference_pct"])
     # In check mode a server that a real run would first deploy is not there yet: nothing to warn about.
-    if why and not (module.check_mode and actual is None and "cannot read" in why):
+    if why and not (module.check_mode and "cannot read" in why):
         module.warn("KV check: %s; the deployment record keeps no actual KV allocation." % why)
-    if result["warning"]:
-        module.warn(result["warning"])
-    module.exit_json(changed=False, record=result["entry"])
+    if warning:
+        module.warn(warning)
+    module.exit_json(changed=False, record=entry)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,20 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Every crash point of one host's rollout: kill the play after each task, re-run it, check the fleet converged.
+"""Every crash point of one host's rollout: kill the play after each task, and the deployment module after each of
+its actions, re-run it, check the fleet converged.
 
     make test-crash            (brings the fleet scenario's lab up, runs this, takes it down)
     python3 tests/crash/crash_points.py -i <inventory> [--host fleet-ws1] [--power-cut-every 4] [--rollback-every 3]
 
 Against a converged lab fleet with two image tags staged (the fleet scenario's v0.32.0 and v0.32.0-lab2):
-  1. one rollout of --host to the other tag, run whole, lists the tasks of its path (the crash_at callback's log);
+  1. one rollout of --host to the other tag, run whole, lists the tasks of its path (the crash_at callback's log) and
+     the actions onprem.vllm.vllm_deployment took, which must be the decision core's replacement
+     (module_utils/deployment_engine.py REPLACEMENT);
   2. for each task that acted on the host or the gateway (a task that only sets a fact, prints, asserts or includes, or
      that was skipped, leaves host and gateway as the task before it did), the same rollout is SIGKILLed right after
      that task (the callback kills ansible-playbook when the next task starts) - at every --power-cut-every'th point
-     the host's lab container is `docker kill`ed first and started again (a power cut);
+     the host's lab container is `docker kill`ed first and started again (a power cut); then the same for each action
+     of the replacement, inside the module (its test-only fault_after: the module kills itself after the action, and
+     ansible-playbook is killed at the next task);
   3. the same command is re-run, and the fleet must have converged: the re-run succeeded, the host serves the new
      tag, nothing is set aside, no marker is left, every host is UP at the gateway, the records name the new tag and,
      as previous, the tag the host ran before;
@@ -22,11 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, ".collections"))
+from ansible_collections.onprem.vllm.plugins.module_utils import deployment_engine  # noqa: E402
+
+# The task after the deployment module's: a kill there lands right after what the module did.
+AFTER_DEPLOYMENT = "Publish where the server answers"
 CALLBACKS = os.path.join(ROOT, "tests", "crash", "callback_plugins")
 # Tasks that act on neither the host nor the gateway: a kill after one leaves what the task before it left.
 CONTROLLER_ONLY = {"set_fact", "ansible.builtin.set_fact", "debug", "ansible.builtin.debug", "assert",
@@ -86,13 +97,15 @@ class Runner:
         self.playbook = args.ansible_playbook
         os.makedirs(args.out, exist_ok=True)
 
-    def play(self, name, book, target_tag, **crash):
+    def play(self, name, book, target_tag, fault_after="", **crash):
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1",
                    ANSIBLE_CALLBACK_PLUGINS=CALLBACKS, ANSIBLE_CALLBACKS_ENABLED="crash_at")
         env.update({f"ONPREM_CRASH_{key.upper()}": str(value) for key, value in crash.items()})
         argv = [self.playbook, os.path.join(ROOT, "playbooks", book), "-i", self.args.inventory, "-l", self.args.host]
         if target_tag:
             argv += ["-e", json.dumps({"onprem_vllm_image_tag": target_tag})]
+        if fault_after:
+            argv += ["-e", "_vllm_server_fault_after=" + fault_after]
         started = time.monotonic()
         with open(os.path.join(self.args.out, name), "w") as out:
             rc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
@@ -120,6 +133,15 @@ def path_tasks(log_file):
             elif "status" in record:
                 statuses.setdefault(record["index"], record["status"])
     return [(index, name, action, statuses.get(index, "none")) for index, (name, action) in sorted(tasks.items())]
+
+
+def module_actions(log_file, host):
+    """The actions the deployment module reported for HOST in a whole run's output ("host/vllm: a → b → c"; the
+    output callback may wrap the message over lines)."""
+    with open(log_file) as handle:
+        text = " ".join(handle.read().split())
+    found = re.search(re.escape(host) + r"/vllm: ([a-z_ →]+)", text)
+    return tuple(part.strip() for part in found.group(1).split("→")) if found else ()
 
 
 def main():
@@ -152,28 +174,38 @@ def main():
     if rc:
         raise SystemExit(f"the whole rollout {current} -> {other} failed (rc {rc}): see {args.out}/path.log")
     print(f"the whole rollout of {args.host}, {current} -> {other}: {seconds} s")
+    actions = module_actions(os.path.join(args.out, "path.log"), args.host)
+    if actions != deployment_engine.REPLACEMENT:
+        raise SystemExit(f"the module's actions {actions} are not the decision core's replacement "
+                         f"{deployment_engine.REPLACEMENT}")
     current, other = other, current
     tasks = path_tasks(discovery)
     acting = [t for t in tasks if t[2] not in CONTROLLER_ONLY and t[3] in ("ok", "changed")]
     wanted = {int(i) for i in args.points.split(",") if i}
     points = [t for t in acting if (not wanted or t[0] in wanted)
               and (not args.task or any(text in t[1] for text in args.task))]
-    print(f"{len(tasks)} tasks on the path, {len(acting)} acted on the host or the gateway; {len(points)} points to run")
+    # The module's own points: after each action of the replacement (index None: found by the task after it).
+    if not wanted and not args.task:
+        points += [(None, "vllm_deployment after " + action, "fault_after", action) for action in actions]
+    print(f"{len(tasks)} tasks on the path, {len(acting)} acted on the host or the gateway, {len(actions)} actions in "
+          f"the deployment module; {len(points)} points to run")
 
     rows = []
     with open(os.path.join(args.out, "rows.jsonl"), "w") as rows_file:
-        for number, (index, name, _action, _host_status) in enumerate(points, 1):
+        for number, (index, name, kind, action) in enumerate(points, 1):
             power_cut = args.power_cut_every and number % args.power_cut_every == 0
             rollback = args.rollback_every and number % args.rollback_every == 0
             before = state(args.host, args.gateway)
-            crash = {"at_index": index + 1}
+            label = f"{index:03d}" if index is not None else "module-" + action
+            crash = {"at_index": index + 1} if index is not None else {"at_task": AFTER_DEPLOYMENT}
             if power_cut:
                 crash["power_cut"] = args.host
-            killed_rc, _killed_s = run.play(f"{index:03d}-killed.log", "rollout.yml", other, **crash)
+            killed_rc, _killed_s = run.play(f"{label}-killed.log", "rollout.yml", other,
+                                            fault_after=action if kind == "fault_after" else "", **crash)
             if power_cut:
                 run.power_on()
             left = state(args.host, args.gateway)
-            rerun_rc, rerun_s = run.play(f"{index:03d}-rerun.log", "rollout.yml", other)
+            rerun_rc, rerun_s = run.play(f"{label}-rerun.log", "rollout.yml", other)
             after = state(args.host, args.gateway)
             problems = []
             if killed_rc != -9:
@@ -193,7 +225,7 @@ def main():
                     problems.append(f"gateway {after['gateway']}")
             rolled_back = ""
             if rollback and not problems:
-                rb_rc, rb_s = run.play(f"{index:03d}-rollback.log", "rollback.yml", None)
+                rb_rc, rb_s = run.play(f"{label}-rollback.log", "rollback.yml", None)
                 back = state(args.host, args.gateway)
                 ok = (rb_rc == 0 and back["vllm"] and tag(back["vllm"]["image"]) == current
                       and tag(back["record"]) == current and tag(back["previous_record"]) == other)
@@ -209,7 +241,7 @@ def main():
             rows.append(row)
             rows_file.write(json.dumps(row) + "\n")
             rows_file.flush()
-            print(f"{index:3d} | {row['fault']:9} | {name[-70:]:70} | left: {row['left']:40} | re-run {rerun_s:3d} s"
+            print(f"{label:>3} | {row['fault']:9} | {name[-70:]:70} | left: {row['left']:40} | re-run {rerun_s:3d} s"
                   f" | {'converged' if not problems else 'NOT converged: ' + '; '.join(problems)}"
                   f"{' | rollback ' + rolled_back if rolled_back else ''}", flush=True)
     converged = sum(row["converged"] for row in rows)
