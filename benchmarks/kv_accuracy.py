@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -777,6 +778,115 @@ def families_table(verbose=True):
     return rows
 
 
+# --- the margin per family and mode (kv_cache.OVERCLAIM_026_GIB) ----------------------------------------------
+
+def measured_startups():
+    """Every vLLM 0.26.0 startup with a memory profile: (id, request as a plan makes it from config.json, logged
+    available KV GiB, logged max_model_len), the dense/MoE runs of 2026-12-01 and the families of 2026-12-05."""
+    out = []
+    for run in load_h200_runs():
+        out.append((run["id"], h200_request(run, weights_from_log=False), run["logged"]["available_kv_gib"]))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu_compare"))
+    for run in family_runs():
+        out.append((run["id"], family_request(run), run["logged"]["available_kv_gib"]))
+    return out
+
+
+def margin_table(verbose=True):
+    """Per (family, mode): the startups, the most the plan's available KV memory claimed above vLLM's (GiB, rounded
+    up to 0.01; 0 when it never did) and that in % of the budget. kv_cache.OVERCLAIM_026_GIB must equal it."""
+    cells = {}
+    for run_id, request, logged in measured_startups():
+        result = kc.plan(request)
+        key = (kc.plan_family(request), "eager" if request.enforce_eager else "compiled")
+        over = result.available_kv_cache_bytes / GIB - logged
+        cells.setdefault(key, []).append((run_id, over, over * GIB / result.budget_bytes))
+    table = {}
+    for key, runs in sorted(cells.items()):
+        worst = max(over for _id, over, _pct in runs)
+        table[key] = (max(0.0, math.ceil(round(worst * 100, 6)) / 100.0), len(runs))
+        if verbose:
+            margin = kc.kv_margin(measured_request(runs[0][0]))[0]
+            print("%-18s %-8s n=%2d  worst over-claim %+.2f GiB (%+.2f %% of the budget, %s)  -> margin %.2f GiB"
+                  % (key[0], key[1], len(runs), worst, 100 * max(p for _i, _o, p in runs),
+                     max(runs, key=lambda r: r[1])[0], margin / GIB))
+    if verbose:
+        for family in ("dense", "moe", "sliding window", "mamba2", "gated delta net", "vision-language"):
+            for mode in ("eager", "compiled"):
+                if (family, mode) not in table:
+                    example = measured_request(_FAMILY_EXAMPLE[family])
+                    margin, _family, how = kc.kv_margin(kc.PlanRequest(**dict(example.__dict__,
+                                                                               enforce_eager=mode == "eager")))
+                    print("%-18s %-8s n= 0  -> margin %.2f GiB (%s)" % (family, mode, margin / GIB, how))
+        print("kv_cache.OVERCLAIM_026_GIB = %r" % (table,))
+    return table
+
+
+_STARTUP_REQUESTS = {}
+
+
+def measured_request(run_id):
+    if not _STARTUP_REQUESTS:
+        _STARTUP_REQUESTS.update((run_id, request) for run_id, request, _logged in measured_startups())
+    return _STARTUP_REQUESTS[run_id]
+
+
+_FAMILY_EXAMPLE = {"dense": "q8b-u090-32k", "moe": "q30moe-fp8-u090-32k", "sliding window": "g3-1b-u090-32k-eager",
+                   "mamba2": "gh-tiny-u090-32k-eager", "gated delta net": "q3next-fp8-u090-32k-eager",
+                   "vision-language": "qvl30b-u090-32k-eager"}
+
+
+def error_table(verbose=True):
+    """Markdown table of the available-KV error per family, mode, GPU and set (the runs the 0.26 terms were fitted
+    on, and the runs held out of that fit), in % of the budget: (rows, markdown)."""
+    fitted = {run["id"] for run in load_h200_runs() if not run["held_out"]}
+    cells = {}
+    for run_id, request, logged in measured_startups():
+        result = kc.plan(request)
+        error = 100.0 * (result.available_kv_cache_bytes - logged * GIB) / result.budget_bytes
+        key = (kc.plan_family(request), "eager" if request.enforce_eager else "compiled", "H200",
+               "derived the terms" if run_id in fitted else "held out")
+        cells.setdefault(key, []).append(error)
+    lines = ["| family | mode | GPU | startups | n | median abs. error | worst abs. error | most over vLLM | margin |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for family in ("dense", "moe", "sliding window", "mamba2", "gated delta net", "vision-language"):
+        for mode in ("eager", "compiled"):
+            keys = [k for k in sorted(cells) if k[:2] == (family, mode)]
+            example = measured_request(_FAMILY_EXAMPLE[family])
+            margin, _family, how = kc.kv_margin(kc.PlanRequest(**dict(example.__dict__,
+                                                                       enforce_eager=mode == "eager")))
+            margin_text = "%.2f GiB%s" % (margin / GIB, "" if (family, mode) in kc.OVERCLAIM_026_GIB
+                                          else " (not measured: derived)")
+            if not keys:
+                lines.append("| %s | %s | - | none | 0 | - | - | - | %s |" % (family, mode, margin_text))
+            for key in keys:
+                errors = cells[key]
+                absolute = sorted(abs(e) for e in errors)
+                lines.append("| %s | %s | %s | %s | %d | %.2f %% | %.2f %% | %+.2f %% | %s |" % (
+                    family, mode, key[2], key[3], len(errors), statistics.median(absolute), absolute[-1],
+                    max(errors), margin_text))
+    text = "\n".join(lines)
+    if verbose:
+        print(text)
+    return cells, text
+
+
+def near_misses():
+    """For every measured startup, the shortest max_model_len vLLM refuses with its logged available memory (the
+    top of the log's rounding): (id, that length, the plan's verdict there). The plan must say it does not fit."""
+    out = []
+    for run_id, request, logged in measured_startups():
+        exact = kc.PlanRequest(**dict(request.__dict__, available_kv_cache_bytes=int((logged + LOG_ROUNDING_GIB) * GIB),
+                                      gpu_memory_bytes=None))
+        layout = kc._layout_for(exact, 1, exact.kv_cache_dtype, kc.parse_version("0.26.0"),
+                                exact.shape.num_layers)
+        refused = layout.max_len_fitting(int((logged + LOG_ROUNDING_GIB) * GIB), 1 << 26) + 1
+        result = kc.plan(kc.PlanRequest(**dict(request.__dict__, max_model_len=refused,
+                                               allow_long_max_model_len=True)))
+        out.append((run_id, refused, result.fits, result))
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wizard-python", default="/tmp/wiz/bin/python",
@@ -792,6 +902,8 @@ def main(argv=None):
     parser.add_argument("--cpu-kvcache-space-gib", type=float, default=1.0,
                         help="VLLM_CPU_KVCACHE_SPACE of the lab server (the lab sets 1)")
     parser.add_argument("--lab-block-size", type=int, default=16, help="--block-size the lab server used")
+    parser.add_argument("--margins", action="store_true",
+                        help="the margin per family and mode from the measured startups, and the near misses")
     parser.add_argument("--cudagraphs", action="store_true",
                         help="runner V1's CUDA-graph estimate as derived against the logged ones")
     parser.add_argument("--families", action="store_true",
@@ -804,6 +916,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.fleet:
         return fleet(args)
+    if args.margins:
+        margin_table()
+        print()
+        error_table()
+        wrong = [(run_id, length) for run_id, length, fits, _result in near_misses() if fits]
+        print("near misses (the shortest max_model_len each startup's logged memory refuses): %d judged to fit %s"
+              % (len(wrong), wrong))
+        return 0
     if args.cudagraphs:
         cudagraph_table()
         return 0

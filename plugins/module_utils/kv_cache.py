@@ -111,10 +111,37 @@ KV_CACHE_MEMORY_FLAG_FROM = (0, 10, 2)
 # The CPU worker honours it from 0.20 (0.19's cpu_worker.py reads only VLLM_CPU_KVCACHE_SPACE); since then
 # vllm/platforms/cpu.py turns VLLM_CPU_KVCACHE_SPACE (whole GiB) into kv_cache_memory_bytes, overriding the flag.
 CPU_KV_CACHE_MEMORY_FROM = (0, 20, 0)
-# `auto` pins the predicted available KV memory less this share of the budget (util x total): twice the worst
-# held-out error of the vLLM 0.26 calibration (1.00 % of the budget), so a pool the profiler would not have
-# granted still leaves the activation peak its room.
+# Before vLLM 0.26 (the public-log terms) `auto` pins the predicted available KV memory less this share of the
+# budget (util x total): twice the worst held-out error of that calibration.
 KV_CACHE_MEMORY_MARGIN = 0.02
+
+# --- the margin, per family and mode (vLLM >= 0.26) ----------------------------------------------------------
+# From 0.26 on the plan's margin is derived from the measured spread of its prediction: per family of model and mode
+# (eager / compiled), the most the predicted available KV memory claimed above what vLLM's profiler gave, over the
+# vLLM 0.26.0 startups (benchmarks/data/kv-h200-vllm0.26-2026-12-01 and -families-2026-12-05; config.json weights,
+# as a plan without the checkpoint makes it), plus the log's rounding (0.01 GiB), and at least the 150 MiB vLLM
+# itself keeps free when it suggests a --kv-cache-memory (redundancy_buffer_memory, vllm/v1/worker/gpu_worker.py).
+# The errors are in bytes (activation and graph terms do not scale with the GPU), so the margin is bytes too.
+# It is used twice: a plan fits only when its requests fit in the predicted memory less the margin (so no
+# deployment vLLM refuses is judged to fit), and `kv_cache_memory: auto` pins the prediction less the margin.
+# `kv_accuracy.py --margins` recomputes this table from the logs; a unit test holds it to them.
+# (family, mode): (worst over-claim in GiB, rounded up to 0.01; 0 where the plan never claimed more; startups)
+OVERCLAIM_026_GIB = {
+    ("dense", "eager"): (0.0, 4),
+    ("dense", "compiled"): (0.0, 8),
+    ("moe", "eager"): (0.24, 1),
+    ("moe", "compiled"): (0.03, 1),
+    ("sliding window", "eager"): (0.06, 5),
+    ("mamba2", "eager"): (0.0, 4),
+    ("gated delta net", "eager"): (0.27, 1),
+    ("vision-language", "eager"): (0.44, 4),
+}
+MARGIN_LOG_ROUNDING_BYTES = int(0.01 * GIB)
+MARGIN_FLOOR_BYTES = 150 << 20
+# A family measured in one mode only: compiled = its eager margin + the growth of the compiled profile's peak over
+# the eager one measured on the same model (Qwen3-8B: 1.29 GiB compiled with a cold torch.compile cache, 0.84
+# eager; the largest such gap of the 0.26 runs); eager = its compiled margin (no CUDA graphs, no compile).
+COMPILED_PEAK_GROWTH_BYTES = int(0.45 * GIB)
 
 
 class PlanInputError(ValueError):
@@ -368,7 +395,9 @@ class PlanRequest:
     allow_long_max_model_len: bool = False
     # The server's pinned KV pool: None (vLLM profiles), "auto" (pin the plan's prediction) or bytes.
     kv_cache_memory: Optional[object] = None
-    kv_cache_memory_margin: float = KV_CACHE_MEMORY_MARGIN
+    # The margin of `auto` as a fraction of the budget; None: the margin of the family and mode (vLLM >= 0.26), or
+    # KV_CACHE_MEMORY_MARGIN before.
+    kv_cache_memory_margin: Optional[float] = None
     # vLLM's --limit-mm-per-prompt ({modality: count}); None: vLLM's default (999 of each). All zero: a vision-language
     # model runs text-only, its vision tower neither loaded nor profiled.
     limit_mm_per_prompt: Optional[dict] = None
@@ -402,6 +431,10 @@ class Plan:
     # The --kv-cache-memory-bytes the server is to be given (None: nothing pinned, vLLM sizes the pool itself)
     kv_cache_memory_bytes: Optional[int] = None
     kv_cache_memory_margin_bytes: int = 0
+    # What the fit check keeps back from the prediction (the family and mode's margin; 0 where nothing is predicted)
+    fit_margin_bytes: int = 0
+    # (family, mode) the margin was taken from
+    margin_family: str = ""
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -442,7 +475,8 @@ def validate(req: PlanRequest) -> None:
     version = parse_version(req.vllm_version)
     check_kv_cache_memory(req.kv_cache_memory, version, req.device)
     margin = req.kv_cache_memory_margin
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
+                               or not 0 <= margin < 1):
         raise PlanInputError("kv_cache_memory_margin must be a fraction in [0, 1), got %r" % (margin,))
     limits = req.limit_mm_per_prompt
     if limits is not None and (not isinstance(limits, dict) or any(
@@ -731,6 +765,51 @@ def cudagraph_in_budget_bytes(shape: ModelShape, version: tuple, enforce_eager: 
     return cudagraph_estimate_bytes(shape, tp, batched_tokens, num_seqs, expert_parallel)
 
 
+def plan_family(req: PlanRequest) -> str:
+    """The family the margin is taken from: what vLLM runs (a vision-language model served text-only runs its
+    language model alone)."""
+    shape = req.shape
+    if vision_tower_loaded(req):
+        return "vision-language"
+    if "mamba" in shape.layer_kinds:
+        return "gated delta net" if shape.mamba_state and shape.mamba_state[0] == "gated_delta_net" else "mamba2"
+    if any(kind.startswith("sliding:") for kind in shape.layer_kinds):
+        return "sliding window"
+    return "moe" if shape.is_moe else "dense"
+
+
+def _measured_margin(family: str, mode: str) -> Optional[tuple]:
+    if (family, mode) not in OVERCLAIM_026_GIB:
+        return None
+    worst, runs = OVERCLAIM_026_GIB[(family, mode)]
+    return max(int(worst * GIB) + MARGIN_LOG_ROUNDING_BYTES, MARGIN_FLOOR_BYTES), worst, runs
+
+
+def kv_margin(req: PlanRequest) -> tuple:
+    """(bytes, family, how it was derived) of the margin of a vLLM >= 0.26 plan on a GPU (OVERCLAIM_026_GIB)."""
+    family = plan_family(req)
+    mode = "eager" if req.enforce_eager else "compiled"
+    measured = _measured_margin(family, mode)
+    if measured:
+        margin, worst, runs = measured
+        how = ("the most the plan claimed above vLLM's profile over %d %s %s startup%s (vLLM 0.26.0), %.2f GiB, + "
+               "0.01 GiB of log rounding, at least vLLM's own 150 MiB" % (runs, mode, family,
+                                                                          "" if runs == 1 else "s", worst))
+    else:
+        other = "compiled" if mode == "eager" else "eager"
+        other_margin = _measured_margin(family, other)
+        if other_margin is None:  # every family is measured in one mode at least; kept for a new family
+            other_margin = (MARGIN_FLOOR_BYTES,)
+        if mode == "compiled":
+            margin = other_margin[0] + COMPILED_PEAK_GROWTH_BYTES
+            how = ("%s startups not measured: the eager margin %s GiB + %s GiB, the compiled profile's peak growth "
+                   "over eager measured on Qwen3-8B" % (mode, _gib(other_margin[0]), _gib(COMPILED_PEAK_GROWTH_BYTES)))
+        else:
+            margin = other_margin[0]
+            how = "eager startups not measured: the compiled margin (an eager profile has no graphs or compile)"
+    return margin, "%s, %s" % (family, mode), how
+
+
 # --- the plan ------------------------------------------------------------------------------------------------
 
 def blocks_for(available: int, page_size_per_layer: int, layers: int) -> int:
@@ -886,6 +965,7 @@ def plan(req: PlanRequest) -> Plan:
     parts = {"activation": 0, "non_torch": 0, "cudagraph": 0, "weights_source": ""}
     pool = None
     margin_bytes = 0
+    fit_margin, margin_family, margin_how = 0, "", ""
     if req.available_kv_cache_bytes is not None:
         available = req.available_kv_cache_bytes
         notes.append("available_kv_cache_bytes given: only the block arithmetic ran (like --kv-cache-memory)")
@@ -904,11 +984,17 @@ def plan(req: PlanRequest) -> Plan:
         budget = math.ceil(req.gpu_memory_bytes * util)
         available, parts = _available_for(req, tp, util, version)
         weights = parts["weights"]
+        if version >= CALIBRATED_026_FROM:
+            fit_margin, margin_family, margin_how = kv_margin(req)
         if pinned is not None:
             available, pool, margin_bytes = _pinned_pool(req, pinned, available, budget, page, layout.tensors, parts,
-                                                         reasons, notes)
+                                                         reasons, notes, fit_margin, margin_family, margin_how)
+            fit_margin = 0  # vLLM gets exactly the pool: the check is exact
             if isinstance(pinned, int):
                 budget = None  # vLLM ignores the utilization then: no utilization can be suggested
+        elif fit_margin and covered:
+            notes.append("margin %s GiB (%s): %s. It fits only what fits in the predicted %s GiB less the margin"
+                         % (_gib(fit_margin), margin_family, margin_how, _gib(available)))
         if version[:2] > CALIBRATED_026_MEASURED:
             notes.append("non-KV terms calibrated on vLLM 0.26.0 startups; %s was not measured"
                          % req.vllm_version)
@@ -936,23 +1022,34 @@ def plan(req: PlanRequest) -> Plan:
                            "the second to start fails with 'Free memory on device ... is less than desired GPU memory "
                            "utilization'." % (util, other, util + other))
     needed = layout.needed_bytes(max_len)
-    fits_one = available > 0 and needed <= available
+    checked = available - fit_margin
+    fits_one = checked > 0 and needed <= checked
     memory_short = not fits_one
     if covered:
         if available <= 0:
             reasons.append("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
                            "initializing the engine. (predicted %s GiB left for KV)" % _gib(available))
-        elif not fits_one:
-            estimate = layout.max_len_fitting(available, max_len)
+        elif needed > available:
+            estimate = layout.max_len_fitting(checked, max_len)
             reasons.append("To serve at least one request with the model's max seq len (%d), (%s GiB KV cache is "
                            "needed, which is larger than the available KV cache memory (%s GiB). Based on the "
-                           "available memory, the estimated maximum model length is %d. Try increasing "
+                           "available memory, the estimated maximum model length is %d%s. Try increasing "
                            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
-                           % (max_len, _gib(needed), _gib(available), estimate))
-        if req.min_concurrency and fits_one and max_concurrency < req.min_concurrency:
+                           % (max_len, _gib(needed), _gib(available), estimate,
+                              " (less the planner's margin)" if fit_margin else ""))
+        elif not fits_one:
+            estimate = layout.max_len_fitting(checked, max_len)
+            reasons.append("One request of max_model_len %d needs %s GiB of KV cache: the predicted %s GiB holds it, "
+                           "but not less the planner's margin of %s GiB (%s), so vLLM may refuse it (\"larger than "
+                           "the available KV cache memory\"). Within the margin the longest max_model_len is %d."
+                           % (max_len, _gib(needed), _gib(available), _gib(fit_margin), margin_family, estimate))
+        checked_concurrency = (layout.num_blocks(checked) / blocks_per_request if blocks_per_request
+                               else 0.0) if fit_margin else max_concurrency
+        if req.min_concurrency and fits_one and checked_concurrency < req.min_concurrency:
             memory_short = True
-            reasons.append("Maximum concurrency for %d tokens per request is %.2fx, below min_concurrency %s."
-                           % (max_len, max_concurrency, req.min_concurrency))
+            reasons.append("Maximum concurrency for %d tokens per request is %.2fx%s, below min_concurrency %s."
+                           % (max_len, max_concurrency, " (%.2fx less the planner's margin)" % checked_concurrency
+                              if fit_margin else "", req.min_concurrency))
 
     result = Plan(
         kv_bytes_per_token=per_layer * (layers if layout.uniform else shape.layer_kinds.count("full")),
@@ -974,6 +1071,8 @@ def plan(req: PlanRequest) -> Plan:
         notes=notes,
         kv_cache_memory_bytes=pool,
         kv_cache_memory_margin_bytes=margin_bytes,
+        fit_margin_bytes=fit_margin,
+        margin_family=margin_family,
     )
     if covered:
         result.suggestions = suggest(req, result, version, layout, memory_short)
@@ -989,14 +1088,22 @@ def pinned_auto_bytes(available: int, budget: int, margin: float, page_size_per_
 
 
 def _pinned_pool(req: PlanRequest, pinned, available: int, budget: int, page: int, layers: int, parts: dict,
-                 reasons: List[str], notes: List[str]) -> tuple:
+                 reasons: List[str], notes: List[str], family_margin: int = 0, margin_family: str = "",
+                 margin_how: str = "") -> tuple:
     """(KV bytes the plan uses, the pool to render, the margin) for a pinned pool on a GPU."""
     non_kv = budget - available  # weights, activation peak, non-torch, CUDA graphs in the budget (estimated)
     if pinned == "auto":
-        pool, margin_bytes = pinned_auto_bytes(available, budget, req.kv_cache_memory_margin, page, layers)
-        notes.append("kv_cache_memory auto: --kv-cache-memory-bytes %d (%s GiB) = the predicted %s GiB less a %g %% "
-                     "margin of the %s GiB budget, in whole blocks" % (
-                         pool, _gib(pool), _gib(available), 100 * req.kv_cache_memory_margin, _gib(budget)))
+        if req.kv_cache_memory_margin is not None or not family_margin:
+            fraction = KV_CACHE_MEMORY_MARGIN if req.kv_cache_memory_margin is None else req.kv_cache_memory_margin
+            pool, margin_bytes = pinned_auto_bytes(available, budget, fraction, page, layers)
+            why = "a %g %% margin of the %s GiB budget" % (100 * fraction, _gib(budget))
+        else:
+            pool = blocks_for(available - family_margin, page, layers) * page * layers
+            margin_bytes = family_margin
+            why = "the %s margin of %s GiB (%.2f %% of the %s GiB budget: %s)" % (
+                margin_family, _gib(family_margin), 100.0 * family_margin / budget, _gib(budget), margin_how)
+        notes.append("kv_cache_memory auto: --kv-cache-memory-bytes %d (%s GiB) = the predicted %s GiB less %s, in "
+                     "whole blocks" % (pool, _gib(pool), _gib(available), why))
         return pool, pool, margin_bytes
     ceiling = int(MAX_SUGGESTED_UTILIZATION * req.gpu_memory_bytes) - non_kv
     notes.append("kv_cache_memory %d bytes (%s GiB): vLLM skips profiling and ignores gpu_memory_utilization; the "
@@ -1041,18 +1148,20 @@ def utilization_that_fits(need_blocks: int, page_size_per_layer: int, layers: in
 
 
 def tensor_parallel_that_fits(req: PlanRequest, util: float, version: tuple, layers: int,
-                              max_len: int) -> Optional[int]:
+                              max_len: int, margin: int = 0) -> Optional[int]:
     """The nearest TP (larger first) that passes vLLM's constraint checks and holds the requests, else None."""
     current = req.tensor_parallel_size
     candidates = [tp for tp in (1, 2, 4, 8) if tp > current] + [tp for tp in (8, 4, 2, 1) if tp < current]
     for tp in candidates:
-        if not constraint_reasons(req, tp, version) and _fits_memory(req, tp, util, version, layers, max_len):
+        if not constraint_reasons(req, tp, version) and _fits_memory(req, tp, util, version, layers, max_len,
+                                                                     margin):
             return tp
     return None
 
 
-def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, max_len: int) -> bool:
-    available = _available_for(req, tp, util, version)[0]
+def _fits_memory(req: PlanRequest, tp: int, util: float, version: tuple, layers: int, max_len: int,
+                 margin: int = 0) -> bool:
+    available = _available_for(req, tp, util, version)[0] - margin
     layout = _layout_for(req, tp, req.kv_cache_dtype, version, layers)
     return layout.num_blocks(available) >= _needed_blocks(req, layout, max_len)
 
@@ -1067,7 +1176,9 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, layout: KvLayout, me
         cap = max(result.max_model_len, result.num_gpu_blocks * layout.block_size)
     else:
         cap = shape.derived_max_model_len
-    out["max_model_len"] = largest_max_model_len(result.num_gpu_blocks, layout, req.min_concurrency, cap)
+    # what the fit check holds: the prediction less the margin
+    checked = result.available_kv_cache_bytes - result.fit_margin_bytes
+    out["max_model_len"] = largest_max_model_len(layout.num_blocks(checked), layout, req.min_concurrency, cap)
     if result.fits or result.budget_bytes is None:
         return out
     if memory_short and not out["max_model_len"]:
@@ -1077,7 +1188,7 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, layout: KvLayout, me
     util = result.gpu_memory_utilization or default_gpu_memory_utilization(version)
     layers = max(layers_per_stage(shape.num_layers, req.pipeline_parallel_size))
     if memory_short:
-        non_kv = result.budget_bytes - result.available_kv_cache_bytes
+        non_kv = result.budget_bytes - result.available_kv_cache_bytes + result.fit_margin_bytes
         util_needed = utilization_that_fits(need_blocks, layout.page, layout.tensors, non_kv, req.gpu_memory_bytes)
         others = max(req.co_located_utilizations or [0.0])
         if util_needed > MAX_SUGGESTED_UTILIZATION:
@@ -1090,14 +1201,14 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, layout: KvLayout, me
             out["gpu_memory_utilization"] = util_needed
         if req.kv_cache_dtype == "auto":
             fp8 = _layout_for(req, req.tensor_parallel_size, "fp8", version, layers)
-            if fp8.num_blocks(result.available_kv_cache_bytes) >= _needed_blocks(req, fp8, result.max_model_len):
+            if fp8.num_blocks(checked) >= _needed_blocks(req, fp8, result.max_model_len):
                 out["kv_cache_dtype"] = "fp8"
         if vision_tower_loaded(req):
             # text-only: the vision tower's weights and its encoder profile leave the budget
             text_only = {name: 0 for name, _tokens in served_modalities(shape)}
             if plan(PlanRequest(**dict(req.__dict__, limit_mm_per_prompt=text_only))).fits:
                 out["limit_mm_per_prompt"] = text_only
-    tp = tensor_parallel_that_fits(req, util, version, layers, result.max_model_len)
+    tp = tensor_parallel_that_fits(req, util, version, layers, result.max_model_len, result.fit_margin_bytes)
     if tp is not None:
         out["tensor_parallel_size"] = tp
     elif memory_short:

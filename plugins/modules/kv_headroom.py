@@ -113,7 +113,8 @@ options:
     description:
       - The server's pinned KV pool (vllm_server_kv_cache_memory), planned as the server will run it.
       - Empty - vLLM profiles; the plan predicts what the profiler leaves of utilization x memory.
-      - C(auto) - the prediction less O(kv_cache_memory_margin_pct) of the budget, in whole blocks, returned as
+      - C(auto) - the prediction less the margin (RV(fit_margin_bytes), or O(kv_cache_memory_margin_pct) of the budget
+        where given), in whole blocks, returned as
         RV(kv_cache_memory_bytes) for C(--kv-cache-memory-bytes); tokens and concurrency are those of that pool.
         On the CPU backend the pool stays C(VLLM_CPU_KVCACHE_SPACE) (already pinned; nothing to render).
       - Bytes - the plan uses that pool instead of utilization x memory and fails when it and the estimated non-KV
@@ -122,9 +123,11 @@ options:
     type: str
     default: ""
   kv_cache_memory_margin_pct:
-    description: The margin of C(auto), in % of the budget (utilization x GPU memory).
+    description:
+      - The margin of C(auto), in % of the budget (utilization x GPU memory), instead of the derived one.
+      - Unset, vLLM 0.26 and later take the margin of the model's family and mode (eager or compiled), derived from
+        the measured spread of the prediction (RV(fit_margin_bytes), RV(margin_family)); earlier releases 2 %.
     type: float
-    default: 2.0
   min_concurrency:
     description: Fail unless this many requests of O(max_model_len) fit in the KV cache at once.
     type: float
@@ -266,6 +269,19 @@ kv_cache_memory_margin_bytes:
   returned: always
   type: int
   sample: 1580547965
+fit_margin_bytes:
+  description: >-
+    What the fit check keeps back from the predicted available KV memory (vLLM 0.26 and later, nothing pinned): the
+    margin of the model's family and mode, derived from the most the prediction claimed above vLLM's own profile on
+    measured startups; a plan fits only what fits in the prediction less it. The notes say how it was derived.
+  returned: always
+  type: int
+  sample: 157286400
+margin_family:
+  description: The family and mode the margin was taken from (e.g. C(sliding window, compiled)); empty when none.
+  returned: always
+  type: str
+  sample: dense, compiled
 cannot_fit:
   description: >-
     On a misfit, the knobs that cannot fix it on their own, with the number that shows it (e.g. the utilization it
@@ -344,7 +360,8 @@ def build_request(params):
             str(name): int(count) if str(count).isdigit() else count
             for name, count in params["limit_mm_per_prompt"].items()},
         kv_cache_memory=parse_kv_cache_memory(params["kv_cache_memory"]),
-        kv_cache_memory_margin=params["kv_cache_memory_margin_pct"] / 100.0,
+        kv_cache_memory_margin=(None if params["kv_cache_memory_margin_pct"] is None
+                                else params["kv_cache_memory_margin_pct"] / 100.0),
     )
 
 
@@ -370,6 +387,8 @@ def result_facts(result):
         "cannot_fit": result.cannot_fit,
         "kv_cache_memory_bytes": result.kv_cache_memory_bytes,
         "kv_cache_memory_margin_bytes": result.kv_cache_memory_margin_bytes,
+        "fit_margin_bytes": result.fit_margin_bytes,
+        "margin_family": result.margin_family,
     }
 
 
@@ -403,7 +422,7 @@ def main():
             limit_mm_per_prompt=dict(type="dict"),
             fail_on_misfit=dict(type="bool", default=True),
             kv_cache_memory=dict(type="str", default=""),
-            kv_cache_memory_margin_pct=dict(type="float", default=2.0),
+            kv_cache_memory_margin_pct=dict(type="float"),
         ),
         required_one_of=[("model_config_path", "model_config")],
         mutually_exclusive=[("model_config_path", "model_config")],
