@@ -30,7 +30,6 @@ BUDGET_S=${BUDGET_S:-540}
 RUN_LIMIT_S=${RUN_LIMIT_S:-240}   # one startup at most (then it is stopped and its log kept)
 CONFIGS=benchmarks/gpu_compare/model-configs
 T0=$(date +%s)
-mkdir -p "$STAGE" "$OUT"
 
 # Compiled family startups (2026-12-05): the *-L<N> model-configs are the published configs with fewer layers
 # (cut_layers.py), so a compiled startup takes about a minute; a utilization written B<GiB> is the one whose budget
@@ -131,8 +130,9 @@ case "${1:-}" in
     unxz_to .device/gpu-compare-3/_moe_C_stable_libtorch.abi3.so.xz "$STAGE/kernels/_moe_C_stable_libtorch.abi3.so"
     ls -la "$STAGE/kernels"; exit 0 ;;
   run) shift ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,26p' "$0"; exit 2 ;;
 esac
+mkdir -p "$STAGE" "$OUT"
 
 SITE="$STAGE/site"
 if [ ! -f "$SITE/vllm/_C_stable_libtorch.abi3.so" ]; then
