@@ -42,7 +42,7 @@ options:
       - V(settled) settles only what an interrupted run left (C(playbooks/rollback.yml) does, before it reads the
         records); O(deployment_id), O(record) and O(container) are then not needed.
     type: str
-    choices: [prepared, deployed]
+    choices: [settled, prepared, deployed]
     default: deployed
   deployment_id:
     description: The deployment's id (a digest of O(record) and the middleware the role wrote).
@@ -54,21 +54,65 @@ options:
     description: What the container is made of.
     type: dict
     suboptions:
-      image: {description: The image reference., type: str, required: true}
-      command: {description: The arguments of C(vllm serve)., type: list, elements: str, required: true}
-      env: {description: The environment., type: dict, default: {}}
-      bind_address: {description: The host address the port is published on., type: str, required: true}
-      port: {description: The host port., type: int, required: true}
-      container_port: {description: The port vLLM listens on in the container., type: int, default: 8000}
-      volumes: {description: Binds (C(host:container[:ro]))., type: list, elements: str, default: []}
-      ipc_host: {description: Share the host's IPC namespace (else O(container.shm_size))., type: bool, default: true}
-      shm_size: {description: The size of /dev/shm without O(container.ipc_host)., type: str, default: 16g}
-      gpu_uuids: {description: The GPUs by UUID (none on a CPU server)., type: list, elements: str, default: []}
-      healthcheck: {description: Docker's health check (test, interval, timeout, retries, start_period)., type: dict,
-                    required: true}
-      restart_policy: {description: Docker's restart policy., type: str, default: unless-stopped}
-      log_options: {description: The json-file log driver's options., type: dict, default: {}}
-      served_model_name: {description: The name the server answers to (a label)., type: str, required: true}
+      image:
+        description: The image reference.
+        type: str
+        required: true
+      command:
+        description: The arguments of C(vllm serve).
+        type: list
+        elements: str
+        required: true
+      env:
+        description: The environment.
+        type: dict
+        default: {}
+      bind_address:
+        description: The host address the port is published on.
+        type: str
+        required: true
+      port:
+        description: The host port.
+        type: int
+        required: true
+      container_port:
+        description: The port vLLM listens on in the container.
+        type: int
+        default: 8000
+      volumes:
+        description: Binds, each C(host:container) with an optional C(:ro).
+        type: list
+        elements: str
+        default: []
+      ipc_host:
+        description: Share the host's IPC namespace (else a /dev/shm of O(container.shm_size)).
+        type: bool
+        default: true
+      shm_size:
+        description: The size of /dev/shm without O(container.ipc_host).
+        type: str
+        default: 16g
+      gpu_uuids:
+        description: The GPUs by UUID (none on a CPU server).
+        type: list
+        elements: str
+        default: []
+      healthcheck:
+        description: Docker's health check - test, interval, timeout, retries, start_period.
+        type: dict
+        required: true
+      restart_policy:
+        description: Docker's restart policy.
+        type: str
+        default: unless-stopped
+      log_options:
+        description: The json-file log driver's options.
+        type: dict
+        default: {}
+      served_model_name:
+        description: The name the server answers to (a label).
+        type: str
+        required: true
   runner:
     description: What the gates ask (V(generate) a completion, V(pooling) an embedding).
     type: str

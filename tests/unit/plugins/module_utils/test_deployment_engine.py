@@ -166,7 +166,7 @@ def test_a_cut_run_is_settled_by_the_next(label, step, cut):
     host = Host(initial)
     before = copy.deepcopy(host)
     gates = {}
-    for _ in range(step):
+    for _step in range(step):
         action = engine.next_action(desired, record(desired), *host.observe(), gates)
         before = copy.deepcopy(host)
         host.apply(action, desired, gates, good)
@@ -187,14 +187,14 @@ def test_a_plan_changed_after_a_cut_replacement_converges_to_the_new_plan(step, 
     """Killed on the way from O to D1; the next run wants D2: D2 runs, and the previous record is one that passed."""
     host = Host("O")
     gates, before = {}, copy.deepcopy(host)
-    for _ in range(step):
+    for _step in range(step):
         action = engine.next_action("D1", record("D1"), *host.observe(), gates)
         if action.name in (engine.DONE, engine.FAIL):
             break
         before = copy.deepcopy(host)
         host.apply(action, "D1", gates, {"O", "D1", "D2"})
     host = _cut(host, before, cut)
-    outcome, _ = run(host, "D2", {"O", "D1", "D2"})
+    outcome, _actions = run(host, "D2", {"O", "D1", "D2"})
     assert outcome == engine.DONE
     assert set(host.containers) == {NAME} and host.containers[NAME]["deployment"] == "D2"
     assert host.record == record("D2") and host.previous in (record("O"), record("D1"))

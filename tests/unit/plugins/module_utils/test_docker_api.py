@@ -33,8 +33,12 @@ def test_a_duration_that_is_none_is_refused(bad):
         docker_api.duration_ns(bad)
 
 
+def _frame(stream, data):
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
 def test_log_frames_are_joined_in_order():
-    frame = lambda stream, data: bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data  # noqa: E731
+    frame = _frame
     assert docker_api.demultiplex(frame(1, b"one\n") + frame(2, b"two\n")) == "one\ntwo"
     assert docker_api.demultiplex(b"plain text from a TTY\n") == "plain text from a TTY"
 
