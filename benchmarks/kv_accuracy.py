@@ -57,7 +57,8 @@ FIXTURES = os.path.join(ROOT, "tests", "unit", "fixtures", "models")
 # constant of kv_cache.py was fitted on them, so every run is held out.
 FAMILIES_DATA = os.path.join(ROOT, "benchmarks", "data", "kv-h200-vllm0.26-families-2026-12-05")
 FAMILY_OF = (("qvl", "vision-language"), ("g3-", "sliding window"), ("gptoss", "sliding window"),
-             ("gh-", "hybrid Mamba2"), ("nemoh", "hybrid Mamba2"), ("q3next", "hybrid gated delta net"))
+             ("gh-", "hybrid Mamba2"), ("ghtiny", "hybrid Mamba2"), ("nemoh", "hybrid Mamba2"),
+             ("q3next", "hybrid gated delta net"), ("q30moe", "moe"), ("q8b", "dense"))
 LOG_ROUNDING_GIB = 0.005  # vLLM prints GiB with two decimals
 
 WIZARD_SNIPPET = r"""
@@ -700,7 +701,7 @@ def family_runs(path=FAMILIES_DATA):
     from parse_kv_startups import flag as log_flag, parse_log  # benchmarks/gpu_compare, on sys.path below
     runs = []
     for name in sorted(os.listdir(path)):
-        if not name.endswith(".log"):
+        if not name.endswith(".log") or name.startswith("load-"):
             continue
         with open(os.path.join(path, name), "r", encoding="utf-8", errors="replace") as handle:
             text = handle.read()

@@ -132,6 +132,8 @@ def main(data_dir):
     print("runs:")
     for path in sorted(glob.glob(os.path.join(data_dir, "*.log"))):
         run_id = os.path.basename(path)[:-4]
+        if run_id.startswith("load-"):  # kv_startups.sh LOAD=: a pinned pool under load, not a profiled startup
+            continue
         text = open(path, errors="replace").read()
         command = re.search(r"^# command: (.*)$", text, re.M).group(1)
         argv = command.split()
