@@ -90,7 +90,9 @@ NON_TORCH_026_BYTES_BY_TP = {**NON_TORCH_BYTES_BY_TP, 1: int(0.24 * GIB)}
 #  * the capture sizes (vllm/config/vllm.py _set_cudagraph_sizes): 1, 2, 4, multiples of 8 below 256, multiples of 16
 #    from 256, up to min(2 x max_num_seqs, 512, max_num_batched_tokens), plus max_num_batched_tokens if below that;
 #  * the default cudagraph_mode FULL_AND_PIECEWISE captures a PIECEWISE graph at every size and a FULL graph at every
-#    size up to max_num_seqs (uniform decode batches; vllm/v1/cudagraph_dispatcher.py);
+#    size up to max_num_seqs (uniform decode batches; vllm/v1/cudagraph_dispatcher.py); the hybrids' backends take
+#    FULL graphs of uniform batches too (AttentionCGSupport.UNIFORM_BATCH in vllm/v1/attention/backends/mamba_attn.py
+#    and gdn_attn.py; FlashAttention: ALWAYS), so every family runner V1 serves captures the same graphs;
 #  * per mode it captures the largest size ("first capture") and the next one ("per graph"), and estimates
 #    max(first capture of each mode) + sum over modes of (graphs - 1) x per graph.
 # The two measured quantities: a graph after the first costs 6 MiB (both modes of the DEBUG breakdown of
