@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.onprem.vllm.plugins.module_utils import vllm_version
+
 # CUDA toolkit (major, minor) -> minimum Linux driver version; its branch is the first field.
 CUDA_MIN_DRIVER = {
     (13, 0): "580.65.06",
@@ -46,7 +48,6 @@ CUDA13_FROM_VLLM = (0, 20)
 OLD_DEFAULT_CUDA = (12, 8)
 NEW_DEFAULT_CUDA = (13, 0)
 
-_TAG_RE = re.compile(r"^v?(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.(?P<patch>[0-9]+)(?P<rest>.*)$")
 _CU_SUFFIX_RE = re.compile(r"-cu(?P<major>[0-9]{2})(?P<minor>[0-9])(?:$|-)")
 _CUDA_RE = re.compile(r"^(?P<major>[0-9]{2})\.(?P<minor>[0-9])(?:\.[0-9]+)?$")
 _DRIVER_RE = re.compile(r"^(?P<branch>[1-9][0-9]{2})(?:\.[0-9]+){1,2}$")
@@ -75,16 +76,16 @@ def image_cuda(tag, cuda_override=""):
             return None, "", ("onprem_vllm_image_cuda=%r is not a CUDA version such as \"12.9\" or \"13.0\" (leave it "
                               "empty to read it from the image tag)" % cuda_override)
         return cuda, "CUDA %s as stated by onprem_vllm_image_cuda" % cuda_str(cuda), None
-    match = _TAG_RE.match(tag)
-    if not match:
+    release = vllm_version.parse_tag(tag)
+    if release is None:
         return None, "", ("onprem_vllm_image_tag=%r is not a vLLM release tag such as v0.32.0 or v0.32.0-cu129: the "
                           "CUDA version the image needs cannot be read from it (pin a release, or state the image's "
                           "CUDA in onprem_vllm_image_cuda)" % tag)
-    suffix = _CU_SUFFIX_RE.search(match.group("rest"))
+    suffix = _CU_SUFFIX_RE.search(release[1])
     if suffix:
         cuda = (int(suffix.group("major")), int(suffix.group("minor")))
         return cuda, "tag %s names CUDA %s (-cu%d%d)" % (tag, cuda_str(cuda), cuda[0], cuda[1]), None
-    vllm = (int(match.group("major")), int(match.group("minor")))
+    vllm = release[0][:2]
     if vllm >= CUDA13_FROM_VLLM:
         return NEW_DEFAULT_CUDA, ("vLLM %d.%d's default image %s is a CUDA %s build (CUDA 13 is the default from "
                                   "vLLM 0.20.0; -cu129 tags are CUDA 12.9)" % (vllm + (tag, cuda_str(NEW_DEFAULT_CUDA)))), None
@@ -109,11 +110,11 @@ def newest_cuda_for_branch(branch):
 
 def _suggest_tag(tag, cuda):
     """The tag variant built for `cuda` where the vLLM release publishes one (-cu129 from 0.20 on)."""
-    match = _TAG_RE.match(str(tag or ""))
-    if not match or cuda is None:
+    release = vllm_version.parse_tag(tag)
+    if release is None or cuda is None:
         return None
-    base = "v%s.%s.%s" % (match.group("major"), match.group("minor"), match.group("patch"))
-    vllm = (int(match.group("major")), int(match.group("minor")))
+    base = "v%d.%d.%d" % release[0]
+    vllm = release[0][:2]
     if vllm >= CUDA13_FROM_VLLM and cuda == (12, 9):
         return base + "-cu129"
     if cuda >= NEW_DEFAULT_CUDA and vllm >= CUDA13_FROM_VLLM:

@@ -6,7 +6,6 @@ Only flags whose spelling or meaning changed across releases need version logic;
 from __future__ import annotations
 
 import json
-import re
 
 from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import (
     CPU_KV_CACHE_MEMORY_FROM,
@@ -14,6 +13,7 @@ from ansible_collections.onprem.vllm.plugins.module_utils.kv_cache import (
     PlanInputError,
     parse_kv_cache_memory,
 )
+from ansible_collections.onprem.vllm.plugins.module_utils import vllm_version
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_flags import RELEASES
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_secret_args import key_flags
 
@@ -30,7 +30,6 @@ BOOLEAN_OPTIONAL_FLAGS = (0, 8, 0)
 # is gone (its `vllm serve --help=all`, tests/fixtures/vllm-help).
 ENABLE_DISABLE_NEGATION_FROM = (0, 34, 0)
 
-_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 # Flags vLLM dropped: the release that removed each, and what to do instead (vLLM's release notes).
 REPLACED_FLAGS = {
     "--disable-log-requests": ((0, 20, 0), "request logging is off by default since 0.10: drop it "
@@ -71,10 +70,10 @@ class VllmArgsError(ValueError):
 
 def parse_version(version: str) -> tuple[int, int, int]:
     """'v0.32.0', '0.32.0', 'v0.32.0-lab2' → (0, 32, 0)."""
-    match = _VERSION_RE.match(str(version).strip())
-    if not match:
+    parsed = vllm_version.parse(version)
+    if parsed is None:
         raise VllmArgsError(f"vllm version {version!r} is not of the form vX.Y.Z (pin an image tag like v0.32.0)")
-    return tuple(int(part) for part in match.groups())  # type: ignore[return-value]
+    return parsed
 
 
 def _bool_flag(name: str, value: bool | None, version: tuple[int, int, int]) -> list[str]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 
-# Where the container sees the host's HF cache (roles/vllm_server/tasks/container.yml mounts it there).
+from ansible_collections.onprem.vllm.plugins.module_utils import vllm_version
+
+# Where the container sees the host's HF cache (roles/vllm_server/vars/main.yml mounts it there).
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 TAG_EXAMPLE = "v0.32.0"
-_TAG_RE = re.compile(r"^v?[0-9]+\.[0-9]+\.[0-9]+")
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 # Settings vLLM may leave at its own default (None or ""), and those that must always be set.
@@ -58,7 +59,7 @@ def settings_errors(settings: dict, prefix: str = "vllm_server_") -> list[str]:
     errors = []
     if "image_tag" in settings:
         tag = settings["image_tag"]
-        if not isinstance(tag, str) or not tag.strip() or tag == "latest" or not _TAG_RE.match(tag):
+        if not isinstance(tag, str) or not tag.strip() or tag == "latest" or vllm_version.parse(tag) is None:
             errors.append(f"{_name(prefix, 'image_tag')} must pin a release: pin a tag like {TAG_EXAMPLE} (got "
                           f"{tag!r}; 'latest' or an empty tag changes under you and cannot be rolled back to).")
     digest = settings.get("image_digest")
