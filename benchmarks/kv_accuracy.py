@@ -696,6 +696,23 @@ def cudagraph_table(verbose=True):
     return out
 
 
+def v2_graph_table(verbose=True):
+    """Model runner V2's graphs (captured outside the budget): kv_cache's bound against the logged pool of every
+    compiled dense H200 run: (id, bound GiB, logged GiB)."""
+    out = []
+    for run in load_h200_runs():
+        logged = run["logged"].get("graph_capture_gib")
+        if run["enforce_eager"] or not run["model_runner"].startswith("v2") or logged is None:
+            continue
+        request = h200_request(run)
+        bound = kc.plan(request).cudagraph_outside_bytes / GIB
+        out.append((run["id"], bound, logged))
+        if verbose:
+            print("%-28s runner V2 graphs outside the budget: bound %.2f GiB, logged %.2f GiB (%d layers)"
+                  % (run["id"], bound, logged, request.shape.num_layers))
+    return out
+
+
 def family_runs(path=FAMILIES_DATA):
     """Each startup log of the families: its command's settings, vLLM's logged numbers, the model's config."""
     from parse_kv_startups import flag as log_flag, parse_log  # benchmarks/gpu_compare, on sys.path below
@@ -927,6 +944,7 @@ def main(argv=None):
         return 0
     if args.cudagraphs:
         cudagraph_table()
+        v2_graph_table()
         return 0
     if args.families:
         families_table()

@@ -104,6 +104,14 @@ NON_TORCH_026_BYTES_BY_TP = {**NON_TORCH_BYTES_BY_TP, 1: int(0.24 * GIB)}
 # out within their 0.01 GiB rounding (benchmarks/kv_accuracy.py --cudagraphs).
 CUDAGRAPH_PER_GRAPH_BYTES = 6 << 20
 CUDAGRAPH_MAX_CAPTURE_SIZE = 512
+# Model runner V2 captures its graphs after the budget is spent, in the 1 - util headroom, and subtracts none while
+# profiling. Its pool, "Graph capturing finished in N secs, took X GiB" on the dense H200 runs (51 + 51 graphs):
+# 0.50 (Qwen3-0.6B, 28 layers), 0.89 / 0.92 (Qwen2.5-7B / AWQ, 28), 0.98 (Mistral-7B, 32), 1.00 (Qwen3-8B, 36),
+# 1.87 GiB (Qwen3-32B, 64): at most 0.33 MiB a graph and layer; the planner counts 0.34 (an upper bound on all six).
+V2_GRAPH_BYTES_PER_GRAPH_LAYER = int(0.34 * (1 << 20))
+# What the GPU holds besides vLLM's budget before it starts: total - free at startup on the H200 runs ("Free memory
+# on device (139.29/139.8 GiB)"): the CUDA context and the driver's reserve.
+CUDA_CONTEXT_BYTES = int(0.51 * GIB)
 
 # --- a pinned KV pool (vLLM's --kv-cache-memory-bytes) -------------------------------------------------------
 # The flag (CacheConfig.kv_cache_memory_bytes) is absent from vLLM 0.10.1's engine/arg_utils.py and present in
@@ -435,6 +443,8 @@ class Plan:
     kv_cache_memory_margin_bytes: int = 0
     # What the fit check keeps back from the prediction (the family and mode's margin; 0 where nothing is predicted)
     fit_margin_bytes: int = 0
+    # CUDA graphs captured outside the budget (model runner V2, vLLM >= 0.26), estimated
+    cudagraph_outside_bytes: int = 0
     # (family, mode) the margin was taken from
     margin_family: str = ""
 
@@ -812,6 +822,23 @@ def kv_margin(req: PlanRequest) -> tuple:
     return margin, "%s, %s" % (family, mode), how
 
 
+def cudagraph_outside_budget_bytes(shape: ModelShape, version: tuple, enforce_eager: bool, runner_is_v1: bool,
+                                   layers: int, batched_tokens: int, num_seqs: int) -> int:
+    """The CUDA graphs model runner V2 (vLLM >= 0.26) captures outside the budget: graphs x layers x
+    V2_GRAPH_BYTES_PER_GRAPH_LAYER (0 for runner V1, eager servers and older releases)."""
+    if enforce_eager or runner_is_v1 or version < CALIBRATED_026_FROM:
+        return 0
+    graphs = sum(count for count, _largest in cudagraph_counts(num_seqs, batched_tokens).values())
+    return graphs * layers * V2_GRAPH_BYTES_PER_GRAPH_LAYER
+
+
+def utilization_ceiling(gpu_memory_bytes: int, outside: int) -> float:
+    """The highest utilization that leaves the CUDA context and the graphs captured outside the budget their room,
+    in hundredths, at most MAX_SUGGESTED_UTILIZATION."""
+    room = (gpu_memory_bytes - CUDA_CONTEXT_BYTES - outside) / gpu_memory_bytes
+    return min(MAX_SUGGESTED_UTILIZATION, math.floor(room * 100) / 100.0)
+
+
 # --- the plan ------------------------------------------------------------------------------------------------
 
 def blocks_for(available: int, page_size_per_layer: int, layers: int) -> int:
@@ -846,8 +873,11 @@ def _non_kv_bytes(req: PlanRequest, tp: int, version: tuple) -> dict:
         non_torch = non_torch_bytes(tp, req.pipeline_parallel_size)
     cudagraph = cudagraph_in_budget_bytes(shape, version, req.enforce_eager, v1, tp, tokens, seqs,
                                           req.enable_expert_parallel)
+    outside = cudagraph_outside_budget_bytes(shape, version, req.enforce_eager, v1,
+                                             max(layers_per_stage(shape.num_layers, req.pipeline_parallel_size)),
+                                             tokens, seqs)
     return {"weights": weights, "weights_source": source, "activation": act, "non_torch": non_torch,
-            "cudagraph": cudagraph, "batched_tokens": tokens, "num_seqs": seqs}
+            "cudagraph": cudagraph, "cudagraph_outside": outside, "batched_tokens": tokens, "num_seqs": seqs}
 
 
 def _available_for(req: PlanRequest, tp: int, util: float, version: tuple) -> tuple:
@@ -1003,6 +1033,18 @@ def plan(req: PlanRequest) -> Plan:
         if weights > req.gpu_memory_bytes:
             reasons.append("Weights need %s GiB per GPU, more than the GPU's %s GiB: loading fails with CUDA out of "
                            "memory." % (_gib(weights), _gib(req.gpu_memory_bytes)))
+        outside = parts.get("cudagraph_outside", 0)
+        if outside and budget is not None and budget + CUDA_CONTEXT_BYTES + outside > req.gpu_memory_bytes:
+            reasons.append("gpu_memory_utilization %.2f leaves %s GiB of the GPU's %s GiB beside the budget and the "
+                           "%s GiB CUDA context, less than the estimated %s GiB of CUDA graphs vLLM's model runner V2 "
+                           "captures outside the budget: graph capture runs out of memory. At most %.2f fits (or "
+                           "enforce_eager)." % (
+                               util, _gib(req.gpu_memory_bytes - budget - CUDA_CONTEXT_BYTES),
+                               _gib(req.gpu_memory_bytes), _gib(CUDA_CONTEXT_BYTES), _gib(outside),
+                               utilization_ceiling(req.gpu_memory_bytes, outside)))
+        elif outside:
+            notes.append("CUDA graphs outside the budget (model runner V2): an estimated %s GiB, which the %s GiB "
+                         "beside the budget holds" % (_gib(outside), _gib(req.gpu_memory_bytes - (budget or 0))))
     if req.weights_bytes_per_gpu is not None and weights is None:
         weights = req.weights_bytes_per_gpu
 
@@ -1074,6 +1116,7 @@ def plan(req: PlanRequest) -> Plan:
         kv_cache_memory_bytes=pool,
         kv_cache_memory_margin_bytes=margin_bytes,
         fit_margin_bytes=fit_margin,
+        cudagraph_outside_bytes=parts.get("cudagraph_outside", 0),
         margin_family=margin_family,
     )
     if covered:
@@ -1107,17 +1150,22 @@ def _pinned_pool(req: PlanRequest, pinned, available: int, budget: int, page: in
         notes.append("kv_cache_memory auto: --kv-cache-memory-bytes %d (%s GiB) = the predicted %s GiB less %s, in "
                      "whole blocks" % (pool, _gib(pool), _gib(available), why))
         return pool, pool, margin_bytes
-    ceiling = int(MAX_SUGGESTED_UTILIZATION * req.gpu_memory_bytes) - non_kv
+    outside = parts.get("cudagraph_outside", 0)
+    non_kv += outside  # runner V2's graphs, captured besides the pool
+    ceiling = min(int(MAX_SUGGESTED_UTILIZATION * req.gpu_memory_bytes),
+                  req.gpu_memory_bytes - CUDA_CONTEXT_BYTES) - non_kv
     notes.append("kv_cache_memory %d bytes (%s GiB): vLLM skips profiling and ignores gpu_memory_utilization; the "
                  "server needs an estimated %s GiB besides (weights %s, activation %s, non-torch %s, CUDA graphs %s)"
                  % (pinned, _gib(pinned), _gib(non_kv), _gib(parts["weights"]), _gib(parts["activation"]),
-                    _gib(parts["non_torch"]), _gib(parts["cudagraph"])))
+                    _gib(parts["non_torch"]), _gib(parts["cudagraph"] + outside)))
     if pinned > ceiling:
         reasons.append("kv_cache_memory %d bytes (%s GiB) and the estimated %s GiB the server needs besides exceed "
-                       "%.2f of the GPU's %s GiB: vLLM allocates the pool without profiling and runs out of memory "
-                       "at the activation peak. At most %d bytes (%s GiB) fits." % (
+                       "%.2f of the GPU's %s GiB (less its %s GiB CUDA context): vLLM allocates the pool without "
+                       "profiling and runs out of memory at the activation peak or in graph capture. At most %d bytes "
+                       "(%s GiB) fits." % (
                            pinned, _gib(pinned), _gib(non_kv), MAX_SUGGESTED_UTILIZATION,
-                           _gib(req.gpu_memory_bytes), max(ceiling, 0), _gib(max(ceiling, 0))))
+                           _gib(req.gpu_memory_bytes), _gib(CUDA_CONTEXT_BYTES), max(ceiling, 0),
+                           _gib(max(ceiling, 0))))
     return pinned, pinned, 0
 
 
@@ -1193,9 +1241,10 @@ def suggest(req: PlanRequest, result: Plan, version: tuple, layout: KvLayout, me
         non_kv = result.budget_bytes - result.available_kv_cache_bytes + result.fit_margin_bytes
         util_needed = utilization_that_fits(need_blocks, layout.page, layout.tensors, non_kv, req.gpu_memory_bytes)
         others = max(req.co_located_utilizations or [0.0])
-        if util_needed > MAX_SUGGESTED_UTILIZATION:
+        highest = utilization_ceiling(req.gpu_memory_bytes, result.cudagraph_outside_bytes)
+        if util_needed > highest:
             result.cannot_fit.append("no gpu_memory_utilization fits at tensor_parallel_size %d: it would take %.2f, "
-                                     "above %.2f" % (req.tensor_parallel_size, util_needed, MAX_SUGGESTED_UTILIZATION))
+                                     "above %.2f" % (req.tensor_parallel_size, util_needed, highest))
         elif util_needed + others >= 1.0:
             result.cannot_fit.append("gpu_memory_utilization %.2f would fit, but with %.2f of the instances sharing "
                                      "the GPU it reaches 1.0" % (util_needed, others))

@@ -839,3 +839,27 @@ def test_margin_by_family_and_mode():
     # before 0.26 the plan keeps no margin in its fit check, and auto keeps 2 %
     old = kc.plan(kc.PlanRequest(**dict(shapes["q8b-u090-32k"].__dict__, vllm_version="0.21.0")))
     assert old.fit_margin_bytes == 0 and old.margin_family == ""
+
+
+def test_runner_v2_graphs_outside_the_budget_are_bounded_and_checked():
+    bounds = BENCH.v2_graph_table(verbose=False)
+    assert len(bounds) == 8
+    for run_id, bound, logged in bounds:
+        assert logged <= bound <= logged + 0.5, run_id  # an upper bound, not a loose one
+    q32b = next(r for r in H200_RUNS if r["id"] == "q32b-u090-40k")
+    h100 = 79 * GIB + 200 * (1 << 20)  # an 80 GB H100 as CUDA reports it
+    # Qwen3-32B compiled at 0.98 of an H100: the graphs (64 layers x 102 graphs) do not fit beside the budget
+    tight = kc.plan(BENCH.h200_request(q32b, gpu_memory_bytes=h100, gpu_memory_utilization=0.98, max_model_len=4096))
+    assert not tight.fits and any("graph capture runs out of memory" in r for r in tight.reasons)
+    ceiling = kc.utilization_ceiling(h100, tight.cudagraph_outside_bytes)
+    assert ceiling < 0.98
+    ok = kc.plan(BENCH.h200_request(q32b, gpu_memory_bytes=h100, gpu_memory_utilization=ceiling, max_model_len=4096))
+    assert not any("graph capture" in r for r in ok.reasons)
+    # eager: no graphs; runner V1: its estimate is inside the budget instead
+    eager = kc.plan(BENCH.h200_request(q32b, gpu_memory_bytes=h100, gpu_memory_utilization=0.98, max_model_len=4096,
+                                       enforce_eager=True))
+    assert eager.cudagraph_outside_bytes == 0 and not any("graph capture" in r for r in eager.reasons)
+    # a pool in bytes leaves the graphs their room too
+    pool = kc.plan(BENCH.h200_request(q32b, gpu_memory_bytes=h100, max_model_len=4096, kv_cache_memory=12 * GIB))
+    most = int(kc.summary(pool).split("At most ")[1].split(" ")[0]) if not pool.fits else None
+    assert most is None or most + pool.cudagraph_outside_bytes <= h100
