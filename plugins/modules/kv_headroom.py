@@ -224,10 +224,14 @@ gpu_memory_utilization:
   type: float
   sample: 0.92
 non_kv_bytes:
-  description: The estimated parts of the budget that are not KV cache, per worker.
+  description: >-
+    The estimated parts of the budget that are not KV cache, per worker (C(cudagraph): the estimate vLLM subtracts
+    inside the budget), and C(cudagraph_outside_budget): the CUDA graphs vLLM's model runner V2 captures beside the
+    budget (vLLM 0.26 and later), which the plan checks the GPU holds.
   returned: always
   type: dict
-  sample: {"activation_peak": 1500000000, "non_torch": 480000000, "cudagraph": 640000000}
+  sample: {"activation_peak": 1500000000, "non_torch": 480000000, "cudagraph": 640000000,
+           "cudagraph_outside_budget": 0}
 fits:
   description: Whether vLLM will start with this plan and meet min_concurrency.
   returned: always
@@ -378,7 +382,8 @@ def result_facts(result):
         "max_model_len": result.max_model_len,
         "gpu_memory_utilization": result.gpu_memory_utilization,
         "non_kv_bytes": {"activation_peak": result.activation_peak_bytes, "non_torch": result.non_torch_bytes,
-                         "cudagraph": result.cudagraph_bytes},
+                         "cudagraph": result.cudagraph_bytes,
+                         "cudagraph_outside_budget": result.cudagraph_outside_bytes},
         "fits": result.fits,
         "covered": covered,
         "reasons": result.reasons,
