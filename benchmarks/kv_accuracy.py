@@ -691,8 +691,8 @@ def cudagraph_table(verbose=True):
         estimate = kc.cudagraph_estimate_bytes(shape, 1, tokens, seqs) / GIB
         out.append((what, counts, graphs, estimate, logged))
         if verbose:
-            print("%-90s graphs %s (logged %s), estimate %.3f GiB (logged %.2f)" % (what, counts, graphs, estimate,
-                                                                                   logged))
+            print("%-90s graphs %s (logged %s), estimate %.3f GiB (logged %.2f)"
+                  % (what, counts, graphs, estimate, logged))
     return out
 
 
@@ -833,8 +833,8 @@ def margin_table(verbose=True):
             for mode in ("eager", "compiled"):
                 if (family, mode) not in table:
                     example = measured_request(_FAMILY_EXAMPLE[family])
-                    margin, _family, how = kc.kv_margin(kc.PlanRequest(**dict(example.__dict__,
-                                                                               enforce_eager=mode == "eager")))
+                    other_mode = kc.PlanRequest(**dict(example.__dict__, enforce_eager=mode == "eager"))
+                    margin, _family, how = kc.kv_margin(other_mode)
                     print("%-18s %-8s n= 0  -> margin %.2f GiB (%s)" % (family, mode, margin / GIB, how))
         print("kv_cache.OVERCLAIM_026_GIB = %r" % (table,))
     return table
@@ -871,10 +871,10 @@ def error_table(verbose=True):
         for mode in ("eager", "compiled"):
             keys = [k for k in sorted(cells) if k[:2] == (family, mode)]
             example = measured_request(_FAMILY_EXAMPLE[family])
-            margin, _family, how = kc.kv_margin(kc.PlanRequest(**dict(example.__dict__,
-                                                                       enforce_eager=mode == "eager")))
-            margin_text = "%.2f GiB%s" % (margin / GIB, "" if (family, mode) in kc.OVERCLAIM_026_GIB
-                                          else " (not measured: derived)")
+            in_mode = kc.PlanRequest(**dict(example.__dict__, enforce_eager=mode == "eager"))
+            margin = kc.kv_margin(in_mode)[0]
+            derived = "" if (family, mode) in kc.OVERCLAIM_026_GIB else " (not measured: derived)"
+            margin_text = "%.2f GiB%s" % (margin / GIB, derived)
             if not keys:
                 lines.append("| %s | %s | - | none | 0 | - | - | - | %s |" % (family, mode, margin_text))
             for key in keys:

@@ -35,7 +35,7 @@ def main(url, model, count, prompt_tokens, vocab, max_tokens=16):
     threads = []
     start = time.time()
     for index in range(count):
-        ids = [rng.randrange(1000, vocab) for _ in range(prompt_tokens)]
+        ids = [rng.randrange(1000, vocab) for _position in range(prompt_tokens)]
         thread = threading.Thread(target=one, args=(url, model, ids, max_tokens, results, index))
         thread.start()
         threads.append(thread)

@@ -826,9 +826,12 @@ def test_gemma3_at_128k_that_only_just_misses_says_the_margin():
 
 def test_margin_by_family_and_mode():
     shapes = {rid: req for rid, req, _logged in MEASURED}
-    margin = lambda rid, **kw: kc.kv_margin(kc.PlanRequest(**dict(shapes[rid].__dict__, **kw)))
-    assert margin("qvl30b-u090-32k-eager")[:2] == (int(0.44 * GIB) + kc.MARGIN_LOG_ROUNDING_BYTES,
-                                                    "vision-language, eager")
+
+    def margin(rid, **changes):
+        return kc.kv_margin(kc.PlanRequest(**dict(shapes[rid].__dict__, **changes)))
+
+    expected = int(0.44 * GIB) + kc.MARGIN_LOG_ROUNDING_BYTES
+    assert margin("qvl30b-u090-32k-eager")[:2] == (expected, "vision-language, eager")
     # served text-only, a vision-language model runs its language model alone: that family's margin
     assert margin("qvl30b-u090-32k-textonly-eager")[1] == "moe, eager"
     assert margin("q3next-fp8-u090-32k-eager")[1] == "gated delta net, eager"
