@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import os
 import re
 import socket
 from urllib.parse import quote, urlencode
@@ -29,7 +30,8 @@ class DockerError(Exception):
 
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path, timeout):
-        super().__init__("localhost", timeout=timeout)
+        # 1 MiB blocks: an image archive of several GB is sent from its file.
+        super().__init__("localhost", timeout=timeout, blocksize=1024 * 1024)
         self._path = path
 
     def connect(self):
@@ -102,6 +104,22 @@ class Docker:
             if exc.status != 404:
                 raise
 
+    def root_dir(self):
+        return self.call("GET", "/info")["DockerRootDir"]
+
+    def load(self, archive):
+        """Load a `docker save` archive; the image names it held ("repo:tag")."""
+        with open(archive, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            payload = self.call("POST", "/images/load?quiet=1", handle, raw=True,
+                                headers={"Content-Type": "application/x-tar", "Content-Length": str(size)})
+        return [name.strip() for name in re.findall(r"Loaded image: ([^\s]+)", _stream_text(payload))]
+
+    def pull(self, repository, tag):
+        """Pull REPOSITORY at TAG (a tag, or a digest sha256:...)."""
+        _stream_text(self.call("POST", "/images/create?" + urlencode({"fromImage": repository, "tag": tag}),
+                               raw=True))
+
     def logs(self, name, lines):
         """The last LINES lines of the container's output (stdout and stderr), '' when there is none."""
         try:
@@ -109,6 +127,20 @@ class Docker:
         except DockerError:
             return ""
         return demultiplex(payload)
+
+
+def _stream_text(payload: bytes) -> str:
+    """The text of a JSON-lines progress stream (load, pull); raises DockerError on its error line."""
+    texts = []
+    for line in payload.decode("utf-8", "replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("error"):
+            raise DockerError(500, event["error"])
+        texts.append(event.get("stream") or event.get("status") or "")
+    return "\n".join(texts)
 
 
 def demultiplex(payload: bytes) -> str:

@@ -41,8 +41,10 @@ options:
       - V(deployed) settles, replaces or keeps, and gates.
       - V(settled) settles only what an interrupted run left (C(playbooks/rollback.yml) does, before it reads the
         records); O(deployment_id), O(record) and O(container) are then not needed.
+      - V(staged) only makes the image available (O(image_archive), else a pull); in check mode it proves that it can
+        (the archive exists and Docker's data root has room to load it). V(prepared) and V(deployed) stage it first.
     type: str
-    choices: [settled, prepared, deployed]
+    choices: [staged, settled, prepared, deployed]
     default: deployed
   deployment_id:
     description: The deployment's id (a digest of O(record) and the middleware the role wrote).
@@ -137,6 +139,17 @@ options:
     description: The optional benchmark gate (C(vllm_server_gate_benchmark)); empty for none.
     type: dict
     default: {}
+  image:
+    description: The image O(state=staged) makes available (the other states stage O(container.image)).
+    type: str
+    default: ""
+  image_archive:
+    description:
+      - A C(docker save) archive on the host that holds O(container.image) (air-gapped delivery); empty pulls the
+        image instead. Loaded only where the image is missing, and only where Docker's data root has about twice the
+        archive's size free (it unpacks the whole archive before applying its layers).
+    type: str
+    default: ""
   stop_timeout:
     description: Seconds a stopping server is given before it is killed.
     type: int
@@ -149,6 +162,10 @@ options:
     description: Lines of the server's log a failed gate reports.
     type: int
     default: 40
+  host_name:
+    description: The host's name in messages (its inventory name).
+    type: str
+    default: ""
   fault_after:
     description:
       - Test-only fault injection (the fleet scenario's crash checks K1-K5) - the module kills itself (SIGKILL) right
@@ -252,7 +269,7 @@ class Deployment:
         self.docker = docker_api.Docker(timeout=self.p["docker_timeout"])
         self.settle_only = self.p["state"] == "settled"
         self.spec = dict(self.p["container"] or {})
-        self.spec_digest = "" if self.settle_only else docker_api.spec_digest(self.spec)
+        self.spec_digest = docker_api.spec_digest(self.spec) if self.spec else ""
         # Settling only: a deployment no container carries, so nothing goes forward.
         self.desired = SETTLE_ONLY if self.settle_only else "%s/%s" % (self.p["deployment_id"], self.spec_digest)
         self.record = self.p["record"] or {}
@@ -498,6 +515,48 @@ class Deployment:
                     "server's failure: %s" % (self.failures.get(restored, "no gate"), new_failure))
         return "Rolled back: the previous server (%s) serves again. The new server failed: %s" % (image, new_failure)
 
+    def stage_image(self):
+        """The pinned image on the host: there, loaded from its archive, or pulled. Check mode proves it can be."""
+        ref = self.p["image"] or self.spec["image"]
+        if self.docker.image(ref) is not None:
+            return
+        archive = self.p["image_archive"]
+        host = self.p["host_name"] or "the host"
+        if archive:
+            if not os.path.isfile(archive):
+                self.module.fail_json(msg="Image %s is not on %s and the archive %s does not exist: copy the `docker "
+                                      "save` tarball there or fix vllm_server_image_tag / vllm_server_image_archive."
+                                      % (ref, host, archive), outcome="failed")
+            size = os.path.getsize(archive)
+            root = self.docker.root_dir()
+            stat = os.statvfs(root)
+            free = stat.f_bavail * stat.f_frsize
+            if free < 2 * size:
+                gib = 1024.0 ** 3
+                self.module.fail_json(msg=(
+                    "Loading %s (%.1f GiB) needs about %.1f GiB free under %s (Docker unpacks the archive before "
+                    "applying its layers); %.1f GiB are free on %s: remove unused images (docker image prune -a) or "
+                    "move Docker's data-root." % (archive, size / gib, 2 * size / gib, root, free / gib, host)),
+                    outcome="failed")
+            self.actions.append({"action": "load_image", "purpose": "", "why": "%s is not on the host" % ref,
+                                 "planned": self.module.check_mode})
+            if self.module.check_mode:
+                self.changed = True
+                return
+            loaded = self.docker.load(archive)
+            self.changed = True
+            if ref.split("@")[0] not in loaded:
+                self.module.fail_json(msg="%s holds %s, not %s: fix vllm_server_image_tag or the archive."
+                                      % (archive, ", ".join(loaded) or "no tagged image", ref), outcome="failed")
+            return
+        repository, _at, digest = ref.partition("@")
+        repository, _colon, tag = repository.rpartition(":")
+        self.actions.append({"action": "pull_image", "purpose": "", "why": "%s is not on the host" % ref,
+                             "planned": self.module.check_mode})
+        self.changed = True
+        if not self.module.check_mode:
+            self.docker.pull(repository, digest or tag)
+
     def lock(self):
         """One run at a time per deployment: a run whose controller died may still be acting on the host."""
         if not os.path.isdir(self.p["config_dir"]):
@@ -508,6 +567,11 @@ class Deployment:
 
     def run(self):
         self._lock = self.lock()
+        if self.p["state"] != "settled":
+            self.stage_image()
+        if self.p["state"] == "staged":
+            self.module.exit_json(changed=self.changed, actions=self.actions, outcome="ready", replaces=False,
+                                  rolled_back=False)
         prepare = self.p["state"] != "deployed"
         for _step in range(40):
             current, aside, marker, record = self.observe()
@@ -517,7 +581,7 @@ class Deployment:
                 replaces = action.name in engine.REPLACING
                 diff = {"before": self.current_record_full or {}, "after": self.record} if replaces else {}
                 if self.module.check_mode:
-                    self.changed = action.name not in (engine.GATE, engine.DONE)
+                    self.changed = self.changed or action.name not in (engine.GATE, engine.DONE)
                     self.actions.append({"action": action.name, "purpose": action.purpose, "why": action.why,
                                          "planned": True})
                 self.module.exit_json(replaces=replaces and not self.module.check_mode, rolled_back=False,
@@ -543,7 +607,7 @@ def main():
             api_key=dict(type="str", default="", no_log=True),
             name=dict(type="str", required=True),
             config_dir=dict(type="path", required=True),
-            state=dict(type="str", default="deployed", choices=["settled", "prepared", "deployed"]),
+            state=dict(type="str", default="deployed", choices=["staged", "settled", "prepared", "deployed"]),
             deployment_id=dict(type="str"),
             record=dict(type="dict"),
             container=dict(type="dict", options=dict(
@@ -571,8 +635,12 @@ def main():
             docker_timeout=dict(type="int", default=600),
             log_lines=dict(type="int", default=40),
             fault_after=dict(type="str", default=""),
+            image=dict(type="str", default=""),
+            image_archive=dict(type="str", default=""),
+            host_name=dict(type="str", default=""),
         ),
-        required_if=[("state", "prepared", ("deployment_id", "record", "container")),
+        required_if=[("state", "staged", ("image",)),
+                     ("state", "prepared", ("deployment_id", "record", "container")),
                      ("state", "deployed", ("deployment_id", "record", "container"))],
         supports_check_mode=True,
     )
