@@ -228,6 +228,12 @@ rolled_back:
   description: Whether the server that ran before the failed deployment was restored.
   returned: always
   type: bool
+image_pending:
+  description:
+    - With O(state=staged), the image that was missing (C(image)) and the archive it is loaded from (C(archive), empty
+      for a pull) with its C(size) in bytes; empty when the image was there.
+  returned: always
+  type: dict
 outcome:
   description:
     - V(done) (the desired server runs and passed its gate), V(failed), or V(ready) (O(state=prepared) or
@@ -281,6 +287,7 @@ class Deployment:
         self.actions = []
         self.baseline = None
         self.changed = False
+        self.image_pending = {}
 
     # --- observe ---------------------------------------------------------------------------------------------------
     def _box(self, inspected):
@@ -540,6 +547,7 @@ class Deployment:
                     outcome="failed")
             self.actions.append({"action": "load_image", "purpose": "", "why": "%s is not on the host" % ref,
                                  "planned": self.module.check_mode})
+            self.image_pending = {"image": ref, "archive": archive, "size": size}
             if self.module.check_mode:
                 self.changed = True
                 return
@@ -549,6 +557,7 @@ class Deployment:
                 self.module.fail_json(msg="%s holds %s, not %s: fix vllm_server_image_tag or the archive."
                                       % (archive, ", ".join(loaded) or "no tagged image", ref), outcome="failed")
             return
+        self.image_pending = {"image": ref, "archive": "", "size": 0}
         repository, _at, digest = ref.partition("@")
         repository, _colon, tag = repository.rpartition(":")
         self.actions.append({"action": "pull_image", "purpose": "", "why": "%s is not on the host" % ref,
@@ -571,7 +580,7 @@ class Deployment:
             self.stage_image()
         if self.p["state"] == "staged":
             self.module.exit_json(changed=self.changed, actions=self.actions, outcome="ready", replaces=False,
-                                  rolled_back=False)
+                                  rolled_back=False, image_pending=self.image_pending)
         prepare = self.p["state"] != "deployed"
         for _step in range(40):
             current, aside, marker, record = self.observe()
