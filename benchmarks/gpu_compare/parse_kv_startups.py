@@ -70,7 +70,13 @@ def flag(argv, name, default=None):
     return argv[argv.index(name) + 1] if name in argv else default
 
 
-def predict(model, argv, logged):
+def gpu_of(text):
+    """The GPU named by kv_startups.sh's "# gpu before: NAME, driver, ..." line (the H200 when a log has none)."""
+    found = re.search(r"^# gpu before: ([^,]+),", text, re.M)
+    return found.group(1).strip() if found else "NVIDIA H200"
+
+
+def predict(model, argv, logged, gpu_name="NVIDIA H200"):
     with open(os.path.join(CONFIGS, model, "config.json")) as handle:
         shape = parse_config(json.load(handle), source=model)
     total = logged.get("total_memory_gib")
@@ -82,7 +88,7 @@ def predict(model, argv, logged):
                 kv_cache_dtype=flag(argv, "--kv-cache-dtype", "auto"),
                 max_num_batched_tokens=int(flag(argv, "--max-num-batched-tokens", 0)) or None,
                 max_num_seqs=int(flag(argv, "--max-num-seqs", 0)) or None,
-                vllm_version="0.26.0", gpu_name="NVIDIA H200", enforce_eager="--enforce-eager" in argv)
+                vllm_version="0.26.0", gpu_name=gpu_name, enforce_eager="--enforce-eager" in argv)
     out = {}
     plan = kc.plan(kc.PlanRequest(**base))
     out["config_weights"] = plan
@@ -108,6 +114,20 @@ def main(data_dir):
         for line in open(tsv).read().splitlines()[1:]:
             parts = line.split("\t")
             runs_tsv[parts[0]] = parts[1:]
+    logs = sorted(glob.glob(os.path.join(data_dir, "*.log")))
+    gpus = sorted({gpu_of(open(path, errors="replace").read()) for path in logs})
+    if gpus != ["NVIDIA H200"]:  # a folder of another GPU: its README.md says how it was recorded
+        print("# vLLM 0.26.0 startups on %s (dummy weights, config.json cut to a few layers); how they were recorded,"
+              % " and ".join(gpus))
+        print("# what ran and what did not: README.md beside this file. Written by kv_startups.sh; each <id>.log")
+        print("# starts with its exact command. `logged`: numbers copied from vLLM's own log lines (GiB with vLLM's two")
+        print("# decimals); a number the log does not have is absent. `predicted`: plugins/module_utils/kv_cache.py of")
+        print("# the commit this file was written at, as the parser builds the request (vllm_version 0.26.0, the")
+        print("# logged GPU, total = vLLM's logged device total; no --limit-mm-per-prompt or runner override), once")
+        print("# with weights from config.json and once with the logged weights; the held-out comparison a plan makes")
+        print("# is benchmarks/kv_accuracy.py --h100. Load logs (load-*) are not startups and are left out here.")
+        print("runs:")
+        return emit_runs(logs)
     print("# vLLM 0.26.0 startups on one lent NVIDIA H200 (dummy weights, real config.json), 2026-12-01.")
     print("# Written by kv_startups.sh (benchmarks/gpu_compare); each <id>.log starts with its exact command.")
     print("# `logged`: numbers copied from vLLM's own log lines (GiB with vLLM's two decimals); a number the log")
@@ -130,7 +150,11 @@ def main(data_dir):
     print("# Planned but not run (device time): q30moe-fp8-u090-32k-eager, q8b-u090-32k-mnbt16k (--max-num-batched-tokens")
     print("# 16384), q8b-u090-32k-seqs256 (--max-num-seqs 256), q32b-u095-40k-eager (kv_startups.sh list).")
     print("runs:")
-    for path in sorted(glob.glob(os.path.join(data_dir, "*.log"))):
+    return emit_runs(logs)
+
+
+def emit_runs(logs):
+    for path in logs:
         run_id = os.path.basename(path)[:-4]
         if run_id.startswith("load-"):  # kv_startups.sh LOAD=: a pinned pool under load, not a profiled startup
             continue
@@ -184,7 +208,7 @@ def main(data_dir):
             print("    errors:")
             for e in errors:
                 print("      - %s" % json.dumps(e))
-        pred, shape = predict(model, argv, logged)
+        pred, shape = predict(model, argv, logged, gpu_of(text))
         if pred:
             budget = pred["config_weights"].budget_bytes
             print("    predicted:")
