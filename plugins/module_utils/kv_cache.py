@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
+from ansible_collections.onprem.vllm.plugins.module_utils import vllm_version
 from ansible_collections.onprem.vllm.plugins.module_utils.model_config import ModelShape
 
 GIB = 1 << 30
@@ -159,23 +160,11 @@ class PlanInputError(ValueError):
 
 
 def parse_version(text: str) -> tuple:
-    """'v0.11.0rc1' -> (0, 11, 0); raises PlanInputError for something that is not a version."""
-    cleaned = str(text).strip().lstrip("vV")
-    parts = []
-    for piece in cleaned.split(".")[:3]:
-        digits = ""
-        for char in piece:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
-            break
-        parts.append(int(digits))
-    if not parts:
+    """'v0.11.0rc1' -> (0, 11, 0) (module_utils/vllm_version); raises PlanInputError for something that is not one."""
+    parsed = vllm_version.parse(text)
+    if parsed is None:
         raise PlanInputError("vllm_version %r is not a version like 0.11.0" % (text,))
-    while len(parts) < 3:
-        parts.append(0)
-    return tuple(parts)
+    return parsed
 
 
 def default_gpu_memory_utilization(version: tuple) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-_RELEASE_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(.*)$")
+_RELEASE_RE = re.compile(r"^[vV]?(\d+)\.(\d+)\.(\d+)(.*)$")
 
 
 def parse_tag(text):
