@@ -151,9 +151,11 @@ options:
     type: str
     default: ""
   stop_timeout:
-    description: Seconds a stopping server is given before it is killed.
+    description:
+      - Seconds a stopping server is given before it is killed (Docker's own default; the gateway drained it first, so
+        it has no requests left to finish).
     type: int
-    default: 60
+    default: 10
   docker_timeout:
     description: Seconds a Docker API call may take.
     type: int
@@ -640,7 +642,7 @@ def main():
             known_answers=dict(type="dict", default={}),
             kv=dict(type="dict", default={}),
             benchmark=dict(type="dict", default={}),
-            stop_timeout=dict(type="int", default=60),
+            stop_timeout=dict(type="int", default=10),
             docker_timeout=dict(type="int", default=600),
             log_lines=dict(type="int", default=40),
             fault_after=dict(type="str", default=""),
