@@ -148,12 +148,3 @@ def remove(path: str) -> bool:
         return False
     _sync_directory(os.path.dirname(path))
     return True
-
-
-def differs(path: str, content: str) -> bool:
-    """Whether write() would change the file (check mode)."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read() != content.encode("utf-8") or os.stat(path).st_mode & 0o777 != MODE
-    except FileNotFoundError:
-        return True

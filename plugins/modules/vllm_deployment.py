@@ -309,9 +309,6 @@ class Deployment:
             record.pop("kv_cache", None)
         return (self._box(self.current_inspect), self._box(self.aside_inspect), records["marker"], record)
 
-    def next_action(self):
-        return engine.next_action(self.desired, self.record, *self.observe(), self.gates)
-
     # --- HTTP to the server ----------------------------------------------------------------------------------------
     def http(self, method, path, body, timeout=None):
         headers = {"Content-Type": "application/json"}
