@@ -42,7 +42,8 @@ with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "pla
 BUFFER = 131072
 SERVER_KEY = "server-key-0123456789abcdef"
 FULL_KEY, LIMITED_KEY = "full-key-0123456789abcdef", "limited-key-0123456789abcdef"
-NOISY_KEY = "noisy-key-0123456789abcdef"
+NOISY_KEY, SIZED_KEY = "noisy-key-0123456789abcdef", "sized-key-0123456789abcdef"
+ROOMY_KEY = "roomy-key-0123456789abcdef"
 # The noisy client's limits: 2 requests at once, 3 a second, bodies of at most 4 KiB.
 NOISY_LIMITS = {"max_concurrent_requests": 2, "requests_per_second": 3, "max_body_bytes": 4096}
 # Quotes, a backslash and a non-ASCII letter: echoed JSON-escaped in the 404.
@@ -130,10 +131,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     def do_GET(self):
+        if self.path == "/seen":  # asked directly (the gateway forwards no GET but /health's): what got through
+            self.send(200, json.dumps(SEEN).encode())
+            return
         self.send(200 if self.path == "/health" else 404, b"{}")
 
     def do_POST(self):
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        SEEN.append(self.headers.get("X-Request-Id"))
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw = self.read_chunked()
+        else:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         body = json.loads(raw)
         seen = {"backend": NAME, "body_length": len(raw), "model_offset": raw.find(b'"model"'),
                 "auth_ok": self.headers.get("Authorization") == "Bearer " + KEY,
@@ -174,19 +182,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
+    def read_chunked(self):
+        data = b""
+        while True:
+            size = int(self.rfile.readline().split(b";")[0], 16)
+            data += self.rfile.read(size)
+            self.rfile.readline()
+            if not size:
+                return data
+
+
+SEEN = []
+
 
 http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
 '''
 
 # The checks, with the real OpenAI client: one JSON object of outcomes on stdout.
 CLIENT = r'''
-import json, os, threading, time
+import json, os, socket, threading, time, urllib.request
 import httpx, openai
 from openai.types.chat import ChatCompletion
 
 URL = os.environ["GW_URL"]
 full = openai.OpenAI(base_url=URL + "/v1", api_key=os.environ["FULL_KEY"], max_retries=0, timeout=30)
 limited = openai.OpenAI(base_url=URL + "/v1", api_key=os.environ["LIMITED_KEY"], max_retries=0, timeout=30)
+BUFFER = int(os.environ["BUFFER"])
 LONG = "lorem ipsum dolor sit amet " * 3200  # ~86 KB: over 64 KB, within the 128 KiB buffer
 TOO_LONG = "lorem ipsum dolor sit amet " * 6400  # ~173 KB: beyond it
 
@@ -229,6 +250,63 @@ def raw(path, body, key=os.environ["FULL_KEY"], headers=()):
     answer = httpx.post(URL + path, content=json.dumps(body), timeout=30,
                         headers={"Authorization": "Bearer " + key, "Content-Type": "application/json", **dict(headers)})
     return {"status": answer.status_code, "body": answer.text[:2000], "headers": dict(answer.headers)}
+
+
+def wire(head, payload=b"", pause=0.0):
+    """Sends a request as bytes (head, then payload after pause seconds, while the answer is read): the status, the
+    answer's body and the seconds it took. Where the gateway answers before the payload is all sent, so be it."""
+    host, port = URL.split("//")[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    started = time.monotonic()
+
+    def send():
+        try:
+            sock.sendall(head)
+            time.sleep(pause)
+            sock.sendall(payload)
+        except OSError:
+            pass
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    answer = b""
+    try:
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
+                ([line.split(b":")[1] for line in answer.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+                 or [b"0"])[0]):
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    except OSError as exc:
+        answer += ("<%s>" % type(exc).__name__).encode()
+    elapsed = time.monotonic() - started
+    sock.close()
+    sender.join()
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+    return {"status": status, "body": answer.split(b"\r\n\r\n", 1)[-1][:2000].decode(errors="replace"),
+            "seconds": round(elapsed, 2)}
+
+
+def wire_post(body, key, version="HTTP/1.1", chunk=0, request_id=None, length=None, pause=0.0):
+    """POSTs a chat body: with Content-Length (length, if given, instead of the true one), or chunked in pieces of
+    chunk bytes."""
+    head = ["POST /v1/chat/completions " + version, "Host: gateway", "Content-Type: application/json"]
+    head += ["Authorization: Bearer " + key] if key else []
+    head += ["X-Request-Id: " + request_id] if request_id else []
+    if chunk:
+        head.append("Transfer-Encoding: chunked")
+        payload = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + chunk]), body[i:i + chunk])
+                           for i in range(0, len(body), chunk)) + b"0\r\n\r\n"
+    else:
+        head.append("Content-Length: %d" % (len(body) if length is None else length))
+        payload = body
+    return wire(("\r\n".join(head) + "\r\n\r\n").encode(), payload, pause)
+
+
+def chat_body(size):
+    body = json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": ""}]}).encode()
+    return body.replace(b'"content": ""', b'"content": "' + b"x" * (size - len(body)) + b'"')
 
 
 deadline = time.monotonic() + 30  # the gateway and both stand-ins up
@@ -281,6 +359,31 @@ time.sleep(2.5)
 results["noisy_big_body"] = raw("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]},
                                 key=noisy)
 results["noisy_small_body"] = raw("/v1/chat/completions", CHAT, key=noisy)
+
+# The sized client (4 KiB bodies) and the roomy one (twice the buffer, as the example's clients: more than the gateway
+# buffers) send bodies every way HTTP/1 can: each over its limit is refused by the gateway and never reaches a server
+# (the request id says which did).
+sized, roomy = os.environ["SIZED_KEY"], os.environ["ROOMY_KEY"]
+results["sized"] = {
+    "small_chunked": wire_post(chat_body(1000), sized, chunk=100, request_id="sized-small-chunked"),
+    "small_http10": wire_post(chat_body(1000), sized, version="HTTP/1.0", request_id="sized-small-http10"),
+    "big_length": wire_post(chat_body(5000), sized, request_id="sized-big-length"),
+    "big_chunked": wire_post(chat_body(5000), sized, chunk=100, request_id="sized-big-chunked"),
+    "big_http10": wire_post(chat_body(5000), sized, version="HTTP/1.0", request_id="sized-big-http10"),
+    "big_http10_chunked": wire_post(chat_body(5000), sized, version="HTTP/1.0", chunk=100,
+                                    request_id="sized-big-http10-chunked"),
+}
+results["roomy"] = {
+    "quarter_buffer_chunked": wire_post(chat_body(BUFFER // 4), roomy, chunk=1024,
+                                        request_id="roomy-quarter-buffer-chunked"),
+    "buffer_chunked": wire_post(chat_body(BUFFER), roomy, chunk=1024, request_id="roomy-buffer-chunked"),
+    "huge_chunked": wire_post(chat_body(3 * BUFFER), roomy, chunk=1024, request_id="roomy-huge-chunked"),
+    "one_huge_chunk": wire_post(chat_body(3 * BUFFER), roomy, chunk=3 * BUFFER, request_id="roomy-one-huge-chunk"),
+    "huge_length": wire_post(chat_body(3 * BUFFER), roomy, request_id="roomy-huge-length"),
+}
+results["full_huge_chunked"] = wire_post(chat_body(3 * BUFFER), os.environ["FULL_KEY"], chunk=1024,
+                                         request_id="full-huge-chunked")
+results["seen"] = json.load(urllib.request.urlopen(os.environ["CHAT_URL"] + "/seen", timeout=10))
 print(json.dumps(results))
 '''
 
@@ -353,7 +456,9 @@ def gateway(tmp_path_factory):
                 "gateway_drain_timeout": 30, "gateway_undrain_timeout": 30, "gateway_canary_timeout": 15,
                 "gateway_client_keys": [{"name": "full", "key": FULL_KEY},
                                         {"name": "limited", "key": LIMITED_KEY, "models": ["tiny-chat"]},
-                                        {"name": "noisy", "key": NOISY_KEY, **NOISY_LIMITS}]}}}}}}
+                                        {"name": "noisy", "key": NOISY_KEY, **NOISY_LIMITS},
+                                        {"name": "sized", "key": SIZED_KEY, "max_body_bytes": 4096},
+                                        {"name": "roomy", "key": ROOMY_KEY, "max_body_bytes": 2 * BUFFER}]}}}}}}
     (tmp / "hosts.yml").write_text(json.dumps(inventory))
     (tmp / "render.yml").write_text(RENDER)
     (tmp / "stand_in.py").write_text(STAND_IN)
@@ -378,6 +483,8 @@ def gateway(tmp_path_factory):
         client = _docker("run", "--rm", "--name", prefix + "-client", "--network", network,
                          "-v", "%s:/test:ro" % tmp, "-e", "GW_URL=http://%s-gw:4000" % prefix,
                          "-e", "FULL_KEY=" + FULL_KEY, "-e", "LIMITED_KEY=" + LIMITED_KEY, "-e", "NOISY_KEY=" + NOISY_KEY,
+                         "-e", "SIZED_KEY=" + SIZED_KEY, "-e", "ROOMY_KEY=" + ROOMY_KEY, "-e", "BUFFER=%d" % BUFFER,
+                         "-e", "CHAT_URL=http://%s-chat:%d" % (prefix, DEPLOYMENTS[0]["port"]),
                          "-e", "CANARY_TOKEN=" + canary_token("vllm-chat", "chat1"), "-e", "UNKNOWN_MODEL=" + UNKNOWN,
                          "--entrypoint", "python3", SERVING_IMAGE, "/test/client.py", check=False)
         logs = _docker("logs", prefix + "-gw", check=False)
@@ -561,6 +668,34 @@ def test_the_gateways_files_hold_no_client_key(gateway):
     """The clients map holds each key's SHA-256; every request above was authorized through it."""
     for name in ("clients.map", "haproxy.cfg"):
         text = (gateway["config"] / name).read_text()
-        for key in (FULL_KEY, LIMITED_KEY, NOISY_KEY):
+        for key in (FULL_KEY, LIMITED_KEY, NOISY_KEY, SIZED_KEY, ROOMY_KEY):
             assert key not in text
     assert hashlib.sha256(FULL_KEY.encode()).hexdigest().upper() in (gateway["config"] / "clients.map").read_text()
+
+
+@pytest.mark.parametrize("client, case", [("sized", "small_chunked"), ("sized", "small_http10"),
+                                          ("roomy", "quarter_buffer_chunked")])
+def test_a_body_within_the_limit_is_served_chunked_or_over_http_1_0(gateway, client, case):
+    result = gateway["outcomes"][client][case]
+    assert result["status"] == 200 and json.loads(result["body"])["stand_in"]["backend"] == "chat", result
+    assert "%s-%s" % (client, case.replace("_", "-")) in gateway["outcomes"]["seen"]
+
+
+@pytest.mark.parametrize("client, case, message", [
+    ("sized", "big_length", "4096 bytes"), ("sized", "big_chunked", "4096 bytes"),
+    ("sized", "big_http10", "4096 bytes"), ("sized", "big_http10_chunked", "4096 bytes"),
+    ("roomy", "huge_length", "%d bytes" % (2 * BUFFER)), ("roomy", "one_huge_chunk", "%d bytes" % (2 * BUFFER)),
+    # Within the limit but beyond what the gateway can measure without Content-Length: the message says what to do.
+    ("roomy", "buffer_chunked", "send a larger body with Content-Length"),
+    ("roomy", "huge_chunked", "send a larger body with Content-Length")])
+def test_a_body_over_the_limit_gets_413_however_it_is_sent_and_never_reaches_a_server(gateway, client, case, message):
+    result = gateway["outcomes"][client][case]
+    assert result["status"] == 413, result
+    error = json.loads(result["body"])["error"]
+    assert error["type"] == "RequestTooLargeError" and error["code"] == 413 and message in error["message"], error
+    assert "%s-%s" % (client, case.replace("_", "-")) not in gateway["outcomes"]["seen"]
+
+
+def test_a_client_without_a_body_limit_may_send_a_long_chunked_body(gateway):
+    result = gateway["outcomes"]["full_huge_chunked"]
+    assert result["status"] == 200 and json.loads(result["body"])["stand_in"]["body_length"] == 3 * BUFFER, result
