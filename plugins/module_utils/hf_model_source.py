@@ -80,6 +80,21 @@ def _branch_hint(revision):
             % revision)
 
 
+def cached_revision(repo_path, revision):
+    """(commit, staged) of a revision in an HF cache folder on this machine: a branch or tag resolves through refs/
+    (commit empty where the ref is missing); staged when the commit's snapshot has its config.json."""
+    commit = revision
+    if not COMMIT_RE.match(revision):
+        try:
+            with open(os.path.join(repo_path, "refs", revision), "r") as handle:
+                commit = handle.read().strip()
+        except (IOError, OSError):
+            return "", False
+        if not COMMIT_RE.match(commit):
+            return "", False
+    return commit, os.path.isfile(os.path.join(repo_path, "snapshots", commit, "config.json"))
+
+
 def from_cache_folder(repo_path, revision):
     """Facts of one revision in an HF cache folder (models--ORG--NAME) on this machine."""
     if not os.path.isdir(repo_path):

@@ -191,3 +191,17 @@ def test_the_lab_tarballs_give_the_facts_of_their_unpacked_seeds(lab_model_tarba
         assert by_branch["config"]["model_type"] == "qwen3" and 0 < by_branch["weight_bytes"] < by_branch["size_bytes"]
         hidden[model] = by_branch["config"]["hidden_size"]
     assert hidden["onprem-lab/tiny-qwen3"] == 256 and hidden["onprem-lab/tiny-embed"] == 128
+
+
+def test_cached_revision_by_commit_branch_and_missing_parts(tmp_path):
+    repo, _sizes = make_cache(tmp_path)
+    assert src.cached_revision(str(repo), COMMIT) == (COMMIT, True)
+    assert src.cached_revision(str(repo), "main") == (COMMIT, True)
+    # A branch never staged has no ref: no commit yet; a commit not staged is named but not staged.
+    assert src.cached_revision(str(repo), "dev") == ("", False)
+    assert src.cached_revision(str(repo), "b" * 40) == ("b" * 40, False)
+    assert src.cached_revision(str(tmp_path / "absent"), "main") == ("", False)
+    (repo / "refs" / "broken").write_text("not a commit\n")
+    assert src.cached_revision(str(repo), "broken") == ("", False)
+    os.unlink(repo / "snapshots" / COMMIT / "config.json")
+    assert src.cached_revision(str(repo), "main") == (COMMIT, False)
