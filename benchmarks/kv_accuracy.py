@@ -61,8 +61,11 @@ FAMILY_OF = (("qvl", "vision-language"), ("g3-", "sliding window"), ("gptoss", "
              ("gh-", "hybrid Mamba2"), ("ghtiny", "hybrid Mamba2"), ("nemoh", "hybrid Mamba2"),
              ("q3next", "hybrid gated delta net"), ("q30moe", "moe"), ("q8b", "dense"))
 # Compiled vLLM 0.26.0 startups of the same families (config.json cut to a few layers) on one H100 80GB HBM3, two
-# budget-pinned near misses among them: none was used to derive a term or a margin of kv_cache.py (held out).
+# budget-pinned near misses among them: none was used to derive a term of kv_cache.py. The cells whose derived margin
+# they passed set that cell's margin (H100_MARGIN_CELLS: sliding window compiled, whose cold torch.compile peak the
+# planner does not derive); every other H100 startup is held out of the terms and the margins.
 H100_COMPILED_DATA = os.path.join(ROOT, "benchmarks", "data", "kv-h100-vllm0.26-compiled-2026-12-05")
+H100_MARGIN_CELLS = (("sliding window", "compiled"),)
 LOG_ROUNDING_GIB = 0.005  # vLLM prints GiB with two decimals
 # What a plan should meet (available KV memory, % of the budget): within 1 %, never above vLLM's by more than 0.5 %.
 TARGET_ABS_ERROR = 0.01
@@ -321,10 +324,10 @@ def fit_026(verbose=True):
         print("  NON_TORCH_026_BYTES_BY_TP[1] = %.2f GiB (largest logged); runner V1's logged CUDA-graph estimates: "
               "%s GiB (kv_accuracy.py --cudagraphs derives them)" % (non_torch, graphs))
         print("  in kv_cache.py: base %.3f GiB, per width %.2f, V1 sampler copies %.2f, TP1 non-torch %.2f GiB, "
-              "a V1 CUDA graph after the first %d MiB" % (
+              "a V1 CUDA graph after the first %d MiB at 48 layers" % (
                   kc.ACTIVATION_026_BASE_BYTES / GIB, kc.ACTIVATION_026_BYTES_PER_TOKEN_WIDTH,
                   kc.ACTIVATION_026_V1_SAMPLER_COPIES, kc.NON_TORCH_026_BYTES_BY_TP[1] / GIB,
-                  kc.CUDAGRAPH_PER_GRAPH_BYTES >> 20))
+                  kc.cudagraph_per_graph_bytes(48) >> 20))
     return base, per_width, copies, non_torch, graphs
 
 
@@ -703,6 +706,44 @@ def cudagraph_table(verbose=True):
     return out
 
 
+PER_GRAPH_LINE = re.compile(r"Estimated (\w+) CUDA graph memory: ([0-9.]+) MiB first-capture \+ \((\d+)-1\) \S+ "
+                            r"([0-9.]+) MiB per-graph")
+
+
+def per_graph_table(verbose=True):
+    """Every DEBUG breakdown of runner V1's estimate in the committed 0.26.0 logs (the H200 MoE run and the compiled
+    H100 startups), one per model and mode, against kv_cache's: (id, mode, layers, logged first MiB, planned first MiB,
+    logged per-graph MiB, planned per-graph MiB, logged total GiB, planned total GiB)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu_compare"))
+    runs = [(H100_COMPILED_DATA, run, family_request(run)) for run in family_runs(H100_COMPILED_DATA)
+            if run["runner"] == "v1"]
+    runs += [(H200_DATA, run, h200_request(run, weights_from_log=False)) for run in load_h200_runs()
+             if run["id"] == "q30moe-fp8-u090-32k"]
+    out, seen = [], set()
+    for folder, run, request in runs:
+        with open(os.path.join(folder, run["id"] + ".log"), "r", encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+        total = re.search(r"Estimated CUDA graph memory: ([0-9.]+) GiB total", text)
+        model = request.shape.source
+        tokens = request.max_num_batched_tokens or 8192
+        seqs = request.max_num_seqs or 1024
+        counts = kc.cudagraph_counts(seqs, tokens)
+        planned_total = kc.cudagraph_estimate_bytes(request.shape, 1, tokens, seqs) / GIB
+        for mode, first, _graphs, per_graph in PER_GRAPH_LINE.findall(text):
+            if (model, mode) in seen:
+                continue
+            seen.add((model, mode))
+            planned_first = kc.cudagraph_first_capture_bytes(request.shape, 1, counts[mode][1], tokens) / (1 << 20)
+            row = (run["id"], mode, request.shape.num_layers, float(first), planned_first, float(per_graph),
+                   kc.cudagraph_per_graph_bytes(request.shape.num_layers) / (1 << 20),
+                   float(total.group(1)) if total else None, planned_total)
+            out.append(row)
+            if verbose:
+                print("%-22s %-9s %2d layers: first capture %6.1f MiB (planned %6.1f), per graph %4.1f MiB (planned "
+                      "%4.1f); estimate %.2f GiB (planned %.3f)" % row)
+    return out
+
+
 def v2_graph_table(verbose=True):
     """Model runner V2's graphs (captured outside the budget): kv_cache's bound against the logged pool of every
     compiled dense H200 run: (id, bound GiB, logged GiB)."""
@@ -823,7 +864,7 @@ def margin_table(verbose=True):
     """Per (family, mode): the startups, the most the plan's available KV memory claimed above vLLM's (GiB, rounded
     up to 0.01; 0 when it never did) and that in % of the budget. kv_cache.OVERCLAIM_026_GIB must equal it."""
     cells = {}
-    for run_id, request, logged in measured_startups():
+    for run_id, request, logged in measured_startups() + h100_margin_startups():
         result = kc.plan(request)
         key = (kc.plan_family(request), "eager" if request.enforce_eager else "compiled")
         over = result.available_kv_cache_bytes / GIB - logged
@@ -854,7 +895,8 @@ _STARTUP_REQUESTS = {}
 
 def measured_request(run_id):
     if not _STARTUP_REQUESTS:
-        _STARTUP_REQUESTS.update((run_id, request) for run_id, request, _logged in measured_startups())
+        _STARTUP_REQUESTS.update((run_id, request) for run_id, request, _logged
+                                 in measured_startups() + h100_margin_startups())
     return _STARTUP_REQUESTS[run_id]
 
 
@@ -864,11 +906,17 @@ _FAMILY_EXAMPLE = {"dense": "q8b-u090-32k", "moe": "q30moe-fp8-u090-32k", "slidi
 
 
 def h100_startups(path=H100_COMPILED_DATA):
-    """The compiled H100 startups, held out of every term and margin: (id, request as a plan makes it from
-    config.json, logged available KV GiB, logged max concurrency or None)."""
+    """The compiled H100 startups, held out of every term (and of every margin but H100_MARGIN_CELLS'): (id, request
+    as a plan makes it from config.json, logged available KV GiB, logged max concurrency or None)."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu_compare"))
     return [(run["id"], family_request(run), run["logged"]["available_kv_gib"], run["logged"].get("max_concurrency"))
             for run in family_runs(path)]
+
+
+def h100_margin_startups():
+    """The H100 startups of H100_MARGIN_CELLS, as measured_startups gives them: (id, request, logged GiB)."""
+    return [(run_id, request, logged) for run_id, request, logged, _concurrency in h100_startups()
+            if (kc.plan_family(request), "eager" if request.enforce_eager else "compiled") in H100_MARGIN_CELLS]
 
 
 def h100_table(verbose=True):
@@ -888,8 +936,9 @@ def h100_table(verbose=True):
                      "over_target": abs(error) > TARGET_ABS_ERROR or error > TARGET_OVERCLAIM,
                      "fits": result.fits, "started": started, "concurrency": (result.max_concurrency, concurrency)})
     if verbose:
-        print("vLLM 0.26.0 compiled on one H100 80GB HBM3 (%s), every startup held out; config.json weights; GiB"
-              % os.path.relpath(H100_COMPILED_DATA, ROOT))
+        print("vLLM 0.26.0 compiled on one H100 80GB HBM3 (%s), held out of every term; the %s startups set their "
+              "margin, the others are held out of it; config.json weights; GiB"
+              % (os.path.relpath(H100_COMPILED_DATA, ROOT), " and ".join(", ".join(c) for c in H100_MARGIN_CELLS)))
         print("%-22s %-27s %6s | %15s %8s %9s %7s | %15s | %-5s %-7s %s" % (
             "run", "family, mode", "budget", "available KV", "err/bud", "over GiB", "margin",
             "concurrency", "fits", "vLLM", "flags"))
@@ -916,8 +965,8 @@ def h100_table(verbose=True):
 
 def error_table(verbose=True, h100=False):
     """Markdown table of the available-KV error per family, mode, GPU and set (the runs the 0.26 terms were fitted
-    on, and the runs held out of that fit; with h100 the compiled H100 startups too), in % of the budget:
-    (rows, markdown)."""
+    on, and the runs held out of that fit; with h100 the compiled H100 startups too: those of H100_MARGIN_CELLS set
+    their cell's margin, the others are held out of every term and margin), in % of the budget: (rows, markdown)."""
     fitted = {run["id"] for run in load_h200_runs() if not run["held_out"]}
     cells = {}
     for run_id, request, logged in measured_startups():
@@ -929,8 +978,9 @@ def error_table(verbose=True, h100=False):
     for run_id, request, logged, _concurrency in (h100_startups() if h100 else ()):
         result = kc.plan(request)
         error = 100.0 * (result.available_kv_cache_bytes - logged * GIB) / result.budget_bytes
-        key = (kc.plan_family(request), "eager" if request.enforce_eager else "compiled", "H100",
-               "held out (compiled, cut layers)")
+        cell = (kc.plan_family(request), "eager" if request.enforce_eager else "compiled")
+        key = cell + ("H100", "set the margin (compiled, cut layers)" if cell in H100_MARGIN_CELLS
+                      else "held out (compiled, cut layers)")
         cells.setdefault(key, []).append(error)
     lines = ["| family | mode | GPU | startups | n | median abs. error | worst abs. error | most over vLLM | margin |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -940,7 +990,7 @@ def error_table(verbose=True, h100=False):
             example = measured_request(_FAMILY_EXAMPLE[family])
             in_mode = kc.PlanRequest(**dict(example.__dict__, enforce_eager=mode == "eager"))
             margin = kc.kv_margin(in_mode)[0]
-            derived = "" if (family, mode) in kc.OVERCLAIM_026_GIB else " (not measured: derived)"
+            derived = "" if (family, mode) in kc.OVERCLAIM_026_GIB else " (derived: no startup set it)"
             margin_text = "%.2f GiB%s" % (margin / GIB, derived)
             if not keys:
                 lines.append("| %s | %s | - | none | 0 | - | - | - | %s |" % (family, mode, margin_text))
@@ -956,11 +1006,12 @@ def error_table(verbose=True, h100=False):
     return cells, text
 
 
-def near_misses():
-    """For every measured startup, the shortest max_model_len vLLM refuses with its logged available memory (the
-    top of the log's rounding): (id, that length, the plan's verdict there). The plan must say it does not fit."""
+def near_misses(startups=None):
+    """For every measured startup (or those given: (id, request, logged GiB)), the shortest max_model_len vLLM refuses
+    with its logged available memory (the top of the log's rounding): (id, that length, the plan's verdict there,
+    the plan). The plan must say it does not fit."""
     out = []
-    for run_id, request, logged in measured_startups():
+    for run_id, request, logged in (measured_startups() if startups is None else startups):
         exact = kc.PlanRequest(**dict(request.__dict__, available_kv_cache_bytes=int((logged + LOG_ROUNDING_GIB) * GIB),
                                       gpu_memory_bytes=None))
         layout = kc._layout_for(exact, 1, exact.kv_cache_dtype, kc.parse_version("0.26.0"),
@@ -970,6 +1021,11 @@ def near_misses():
                                                allow_long_max_model_len=True)))
         out.append((run_id, refused, result.fits, result))
     return out
+
+
+def h100_near():
+    """The H100 startups as near_misses takes them."""
+    return [(run_id, request, logged) for run_id, request, logged, _concurrency in h100_startups()]
 
 
 def main(argv=None):
@@ -1006,8 +1062,9 @@ def main(argv=None):
     if args.margins:
         margin_table()
         print()
-        error_table()
-        wrong = [(run_id, length) for run_id, length, fits, _result in near_misses() if fits]
+        error_table(h100=True)
+        wrong = [(run_id, length) for run_id, length, fits, _result in near_misses() + near_misses(h100_near())
+                 if fits]
         print("near misses (the shortest max_model_len each startup's logged memory refuses): %d judged to fit %s"
               % (len(wrong), wrong))
         return 0
@@ -1018,6 +1075,7 @@ def main(argv=None):
         return 0
     if args.cudagraphs:
         cudagraph_table()
+        per_graph_table()
         v2_graph_table()
         return 0
     if args.families:

@@ -766,12 +766,16 @@ def test_vision_misfit_names_text_only_as_a_fix():
 # --- the margin per family and mode, and the fit check with it (vLLM >= 0.26) --------------------------------
 
 MEASURED = BENCH.measured_startups()
+H100_MARGIN = BENCH.h100_margin_startups()
 
 
 def test_margin_table_is_what_the_measured_startups_give():
     # kv_cache's worst over-claim per family and mode is recomputed from the committed logs, not typed in
     assert BENCH.margin_table(verbose=False) == kc.OVERCLAIM_026_GIB
-    assert sum(runs for _worst, runs in kc.OVERCLAIM_026_GIB.values()) == len(MEASURED) == 28
+    # the 28 H200 startups and the 4 compiled sliding-window ones of the H100 (the cell their over-claim set)
+    assert len(MEASURED) == 28 and len(H100_MARGIN) == 4
+    assert sum(runs for _worst, runs in kc.OVERCLAIM_026_GIB.values()) == len(MEASURED) + len(H100_MARGIN)
+    assert set(BENCH.H100_MARGIN_CELLS) == set(kc.COLD_COMPILE_PEAK) == {("sliding window", "compiled")}
 
 
 @pytest.mark.parametrize("run_id, request_, logged", MEASURED, ids=[m[0] for m in MEASURED])
@@ -818,10 +822,11 @@ def test_gemma3_at_128k_that_only_just_misses_says_the_margin():
     assert any("not less the planner's margin of 0.15 GiB (sliding window, eager)" in r for r in tight.reasons)
     assert 0 < tight.suggestions["max_model_len"] < 131072
     assert tight.suggestions["gpu_memory_utilization"] > util
-    # compiled, not measured for this family: a larger margin, and the plan says why
+    # compiled: the margin its H100 startups measured (a cold torch.compile peak the planner does not derive), and
+    # the plan says so
     compiled = kc.plan(kc.PlanRequest(**dict(request.__dict__, enforce_eager=False)))
-    assert compiled.fit_margin_bytes == kc.MARGIN_FLOOR_BYTES + kc.COMPILED_PEAK_GROWTH_BYTES
-    assert any("compiled startups not measured" in note for note in compiled.notes)
+    assert compiled.fit_margin_bytes == int(1.31 * GIB) + kc.MARGIN_LOG_ROUNDING_BYTES
+    assert any("cold torch.compile cache" in note and "is not derived" in note for note in compiled.notes)
 
 
 def test_margin_by_family_and_mode():
@@ -866,3 +871,83 @@ def test_runner_v2_graphs_outside_the_budget_are_bounded_and_checked():
     pool = kc.plan(BENCH.h200_request(q32b, gpu_memory_bytes=h100, max_model_len=4096, kv_cache_memory=12 * GIB))
     most = int(kc.summary(pool).split("At most ")[1].split(" ")[0]) if not pool.fits else None
     assert most is None or most + pool.cudagraph_outside_bytes <= h100
+
+
+# --- the compiled H100 startups (benchmarks/data/kv-h100-vllm0.26-compiled-2026-12-05) ---------------------------
+
+H100 = BENCH.h100_startups()
+# The H100 startups outside the issue's targets (within 1 % of the budget, never over vLLM by more than 0.5 %), each
+# with why; every other one must meet them. Listed here so that no bound is loosened silently.
+H100_OFF_TARGET = {
+    # a cold torch.compile peak the planner does not derive (kv_cache.COLD_COMPILE_PEAK): +1.83 %, the margin holds it
+    "g3-27bL12-u090-32k": "over", "g3-27bL12-u090-128k": "over",
+    # the same model with a warm cache (peak 1.24 GiB): the plan claims less than vLLM gave, -1.44 %
+    "g3-27bL12-b170-128k": "under", "g3-27bL12-b173-128k": "under",
+    # Qwen3-VL's weights and encoder profile under-estimated (0.27 + 0.18 GiB, as on its eager H200 startups): +0.87 %
+    # of a 0.5 x H100 budget, within the vision-language compiled margin
+    "qvl30bL8-u050-32k": "over",
+}
+
+
+@pytest.mark.parametrize("run_id, request_, logged, concurrency", H100, ids=[h[0] for h in H100])
+def test_every_h100_compiled_startup_is_covered_by_its_margin(run_id, request_, logged, concurrency):
+    result = kc.plan(request_)
+    error = (result.available_kv_cache_bytes - logged * GIB) / result.budget_bytes
+    # what the fit check and `kv_cache_memory: auto` use is never above what vLLM gave (the top of its rounding)
+    assert result.available_kv_cache_bytes - result.fit_margin_bytes <= (logged + 0.005) * GIB, run_id
+    if run_id in H100_OFF_TARGET:
+        assert (error > 0.005) == (H100_OFF_TARGET[run_id] == "over"), run_id
+        assert -0.015 <= error <= 0.019, run_id  # as docs/kv_headroom.md reports them
+    else:
+        assert -0.01 <= error <= 0.005, run_id
+    # a deployment the plan judges to fit started
+    assert not result.fits or concurrency >= 1, run_id
+
+
+@pytest.mark.parametrize("near", BENCH.near_misses(BENCH.h100_near()), ids=[h[0] for h in H100])
+def test_an_h100_long_context_that_only_just_misses_is_never_judged_to_fit(near):
+    run_id, refused, fits, result = near
+    assert not fits, run_id
+    assert any("margin" in reason or "larger than the available KV cache memory" in reason
+               for reason in result.reasons), run_id
+
+
+@pytest.mark.parametrize("run_id", ["g3-27bL12-b170-128k", "g3-27bL12-b173-128k"])
+def test_gemma3_compiled_at_128k_that_vllm_refuses_with_a_cold_cache_is_refused(run_id):
+    # The recorded near misses: gemma-3-27b (12 layers), compiled, 131072 tokens, the budget pinned just around one
+    # request (utilization 0.215 / 0.218). vLLM started both with a warm torch.compile cache (1.02x, 1.09x; peak 1.24
+    # GiB). A new deployment's first start compiles cold: the same model and batch logged a 2.79 GiB peak
+    # (g3-27bL12-u090-128k), which leaves 1.55 GiB less, and vLLM refuses 131072 ("larger than the available KV
+    # cache memory"). The plan must refuse it, and the length it offers instead must start with the cold cache.
+    request, logged, _concurrency = next((r, lg, c) for rid, r, lg, c in H100 if rid == run_id)
+    cold_peak, warm_peak = 2.79, 1.24  # the logs' "GiB for peak activation" (u090-128k, and this run)
+    cold = (logged - 0.005 - (cold_peak + 0.005 - (warm_peak - 0.005))) * GIB  # the bottom of the logs' rounding
+    layout = kc._layout_for(request, 1, "auto", (0, 26, 0), request.shape.num_layers)
+    assert layout.needed_bytes(131072) > cold + 0.01 * GIB  # vLLM, cold: refused
+    result = kc.plan(request)
+    assert not result.fits and result.margin_family == "sliding window, compiled"
+    assert any("(less the planner's margin)" in r or "not less the planner's margin of 1.32 GiB" in r
+               for r in result.reasons), result.reasons
+    shorter = result.suggestions["max_model_len"]
+    assert 0 < shorter < 131072 and layout.needed_bytes(shorter) <= cold
+    assert kc.plan(kc.PlanRequest(**dict(request.__dict__, max_model_len=shorter))).fits
+
+
+def test_runner_v1_per_graph_memory_follows_the_layers_as_logged():
+    rows = BENCH.per_graph_table(verbose=False)
+    # every DEBUG breakdown in the committed 0.26.0 logs: the H200 MoE run and the four compiled H100 models
+    assert {row[0] for row in rows} == {"q30moe-fp8-u090-32k", "ghtinyL10-u050-128k", "q30moeL8-u050-40k",
+                                        "q3nextL8-u090-32k", "qvl30bL8-u050-32k"}
+    for run_id, mode, layers, _first, _planned_first, per_graph, planned_per_graph, total, planned_total in rows:
+        # vLLM's floor and whole 2 MiB pages: never below the logged figure, at most one page above it
+        assert per_graph <= planned_per_graph <= per_graph + 1.0, (run_id, mode)
+        # the estimate as a whole never under-reserves (0.01 GiB log rounding), and over-reserves 0.15 GiB at most
+        assert total - 0.005 <= planned_total <= total + 0.15, (run_id, mode)
+    assert kc.cudagraph_per_graph_bytes(48) == 6 << 20 and kc.cudagraph_per_graph_bytes(36) == 6 << 20
+    assert kc.cudagraph_per_graph_bytes(8) == 2 << 20 and kc.cudagraph_per_graph_bytes(1) == 2 << 20
+    assert kc.cudagraph_per_graph_bytes(0) == kc.CUDAGRAPH_PER_GRAPH_FLOOR_BYTES
+    # a pipeline stage's graphs hold its layers only
+    moe = next(BENCH.h200_request(r).shape for r in H200_RUNS if r["id"] == "q30moe-fp8-u090-32k")
+    v026 = kc.parse_version("0.26.0")
+    assert (kc.cudagraph_in_budget_bytes(moe, v026, False, True, 1, 8192, 1024, layers=24)
+            < kc.cudagraph_in_budget_bytes(moe, v026, False, True, 1, 8192, 1024))
