@@ -24,6 +24,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 
@@ -40,6 +41,7 @@ with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "pla
     SERVING_IMAGE = "%s:%s" % (_PLAN["onprem_vllm_image"], _PLAN["onprem_vllm_image_tag"])
 
 BUFFER = 131072
+PER_SOURCE = 20  # connections one client address may hold
 SERVER_KEY = "server-key-0123456789abcdef"
 FULL_KEY, LIMITED_KEY = "full-key-0123456789abcdef", "limited-key-0123456789abcdef"
 NOISY_KEY, SIZED_KEY = "noisy-key-0123456789abcdef", "sized-key-0123456789abcdef"
@@ -196,6 +198,35 @@ SEEN = []
 
 
 http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
+'''
+
+# One address opens more connections than gateway_max_connections_per_source and never finishes a request's head:
+# how long the gateway kept each (refused at accept: at once) and what it answered.
+FLOOD = r'''
+import json, selectors, socket, sys, time
+
+host, count = sys.argv[1], int(sys.argv[2])
+selector, opened, held = selectors.DefaultSelector(), time.monotonic(), {}
+for index in range(count):
+    try:  # a connection refused at accept may be reset before connect returns
+        sock = socket.create_connection((host, 4000), timeout=10)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Length: 1000000\r\n")
+    except OSError:
+        held[index] = {"seconds": round(time.monotonic() - opened, 2), "status": None}
+        continue
+    sock.setblocking(False)
+    selector.register(sock, selectors.EVENT_READ, index)
+print("holding", flush=True)
+while len(held) < count and time.monotonic() - opened < 30:
+    for key, _ in selector.select(timeout=1):
+        try:
+            data = key.fileobj.recv(65536)
+        except OSError:
+            data = b""
+        held[key.data] = {"seconds": round(time.monotonic() - opened, 2), "status": data[9:12].decode() or None}
+        selector.unregister(key.fileobj)
+        key.fileobj.close()
+print(json.dumps(sorted(held.values(), key=lambda one: one["seconds"])))
 '''
 
 # The checks, with the real OpenAI client: one JSON object of outcomes on stdout.
@@ -381,6 +412,13 @@ results["roomy"] = {
     "one_huge_chunk": wire_post(chat_body(3 * BUFFER), roomy, chunk=3 * BUFFER, request_id="roomy-one-huge-chunk"),
     "huge_length": wire_post(chat_body(3 * BUFFER), roomy, request_id="roomy-huge-length"),
 }
+# The key is checked before the body is awaited: an announced megabyte that never comes gets 401 at once without a
+# key, and a keyed client gets 408 once gateway_timeout_request_body (3 s here) has passed.
+results["slow_body"] = {
+    "no_key": wire_post(b"{", None, length=1000000),
+    "wrong_key": wire_post(b"{", "not-a-client-key-000", length=1000000),
+    "keyed": wire_post(b"{", os.environ["FULL_KEY"], length=1000),
+}
 results["full_huge_chunked"] = wire_post(chat_body(3 * BUFFER), os.environ["FULL_KEY"], chunk=1024,
                                          request_id="full-huge-chunked")
 results["seen"] = json.load(urllib.request.urlopen(os.environ["CHAT_URL"] + "/seen", timeout=10))
@@ -454,6 +492,7 @@ def gateway(tmp_path_factory):
                 "gateway_runtime_dir": str(runtime), "gateway_state_dir": str(state),
                 "gateway_health_check_interval": "500ms", "gateway_health_check_fast_interval": "200ms",
                 "gateway_drain_timeout": 30, "gateway_undrain_timeout": 30, "gateway_canary_timeout": 15,
+                "gateway_timeout_request_body": "3s", "gateway_max_connections_per_source": PER_SOURCE,
                 "gateway_client_keys": [{"name": "full", "key": FULL_KEY},
                                         {"name": "limited", "key": LIMITED_KEY, "models": ["tiny-chat"]},
                                         {"name": "noisy", "key": NOISY_KEY, **NOISY_LIMITS},
@@ -468,7 +507,7 @@ def gateway(tmp_path_factory):
     config.chmod(0o755)
 
     network = prefix + "-net"
-    containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client")]
+    containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client", "flood")]
     try:
         _docker("network", "create", network)
         for name, deployment in zip(("chat", "embed"), DEPLOYMENTS):
@@ -499,7 +538,18 @@ def gateway(tmp_path_factory):
             headers={"Authorization": "Bearer " + FULL_KEY, "Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as answer:
             after_undrain = json.load(answer)["stand_in"]
+        # The flood from the client's address; meanwhile a keyed client from another (this machine) is served.
+        (tmp / "flood.py").write_text(FLOOD)
+        with subprocess.Popen(["docker", "run", "--rm", "--name", prefix + "-flood", "--network", network,
+                               "-v", "%s:/test:ro" % tmp, "--entrypoint", "python3", SERVING_IMAGE, "/test/flood.py",
+                               prefix + "-gw", str(2 * PER_SOURCE)], stdout=subprocess.PIPE, text=True) as flood:
+            assert flood.stdout.readline().strip() == "holding"
+            started = time.monotonic()
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                during_flood = {"status": answer.status, "seconds": time.monotonic() - started}
+            flooded = json.loads(flood.stdout.read())
         yield {"config": config, "outcomes": outcomes, "drain_rc": drain_rc, "drain_tasks": drain_tasks,
+               "flooded": flooded, "during_flood": during_flood,
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
                "log": gateway_log}
     finally:
@@ -684,10 +734,11 @@ def test_a_body_within_the_limit_is_served_chunked_or_over_http_1_0(gateway, cli
 @pytest.mark.parametrize("client, case, message", [
     ("sized", "big_length", "4096 bytes"), ("sized", "big_chunked", "4096 bytes"),
     ("sized", "big_http10", "4096 bytes"), ("sized", "big_http10_chunked", "4096 bytes"),
-    ("roomy", "huge_length", "%d bytes" % (2 * BUFFER)), ("roomy", "one_huge_chunk", "%d bytes" % (2 * BUFFER)),
-    # Within the limit but beyond what the gateway can measure without Content-Length: the message says what to do.
+    ("roomy", "huge_length", "%d bytes" % (2 * BUFFER)),
+    # Beyond what the gateway can measure without Content-Length (within the limit or not): the message says what to do.
     ("roomy", "buffer_chunked", "send a larger body with Content-Length"),
-    ("roomy", "huge_chunked", "send a larger body with Content-Length")])
+    ("roomy", "huge_chunked", "send a larger body with Content-Length"),
+    ("roomy", "one_huge_chunk", "send a larger body with Content-Length")])
 def test_a_body_over_the_limit_gets_413_however_it_is_sent_and_never_reaches_a_server(gateway, client, case, message):
     result = gateway["outcomes"][client][case]
     assert result["status"] == 413, result
@@ -699,3 +750,25 @@ def test_a_body_over_the_limit_gets_413_however_it_is_sent_and_never_reaches_a_s
 def test_a_client_without_a_body_limit_may_send_a_long_chunked_body(gateway):
     result = gateway["outcomes"]["full_huge_chunked"]
     assert result["status"] == 200 and json.loads(result["body"])["stand_in"]["body_length"] == 3 * BUFFER, result
+
+
+@pytest.mark.parametrize("case", ["no_key", "wrong_key"])
+def test_a_request_without_a_valid_key_gets_401_before_its_body_is_awaited(gateway, case):
+    result = gateway["outcomes"]["slow_body"][case]  # announced a megabyte, sent one byte
+    assert result["status"] == 401 and result["seconds"] < 2, result
+
+
+def test_a_keyed_client_whose_body_does_not_come_gets_408_after_the_body_timeout(gateway):
+    result = gateway["outcomes"]["slow_body"]["keyed"]
+    assert result["status"] == 408 and 2.5 < result["seconds"] < 6, result
+
+
+def test_one_address_holds_a_bounded_number_of_connections_each_for_seconds(gateway):
+    flooded = gateway["flooded"]
+    assert len(flooded) == 2 * PER_SOURCE, flooded  # every connection ended
+    refused = [one for one in flooded if one["status"] is None and one["seconds"] < 2]
+    held = [one for one in flooded if one["status"] == "408"]
+    assert len(refused) == len(held) == PER_SOURCE, flooded  # the bound, and the rest refused at accept
+    assert max(one["seconds"] for one in held) < 5 + 2, held  # gateway_timeout_http_request, 5 s
+    during = gateway["during_flood"]
+    assert during["status"] == 200 and during["seconds"] < 2, during  # a keyed client elsewhere meanwhile

@@ -57,6 +57,10 @@ CASES = {
     "limit_as_text": {"gateway_client_keys": [{"name": "ide", "key": IDE, "requests_per_second": "5/s"}]},
     "limit_zero": {"gateway_client_keys": [{"name": "ide", "key": IDE, "max_concurrent_requests": 0}]},
     "limit_boolean": {"gateway_client_keys": [{"name": "ide", "key": IDE, "max_body_bytes": True}]},
+    "body_timeout_words": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
+                           "gateway_timeout_request_body": "ten seconds"},
+    "per_source_over_maxconn": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
+                                "gateway_max_connections_per_source": 5000},
 }
 MESSAGES = {
     "short_rotation_key": "a client's rotation_key in gateway_client_keys must be 16+ such characters too",
@@ -69,6 +73,9 @@ MESSAGES = {
     "limit_as_text": "gateway_client_keys: client ide's requests_per_second must be a whole number of at least 1",
     "limit_zero": "gateway_client_keys: client ide's max_concurrent_requests must be a whole number of at least 1",
     "limit_boolean": "gateway_client_keys: client ide's max_body_bytes must be a whole number of at least 1",
+    "body_timeout_words": "gateway_timeout_http_request and gateway_timeout_request_body must be HAProxy times",
+    "per_source_over_maxconn": "gateway_max_connections_per_source must be a whole number from 0 (no bound) to "
+                               "gateway_maxconn",
 }
 
 
