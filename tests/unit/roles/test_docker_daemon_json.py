@@ -54,5 +54,5 @@ def test_engine_refuses_nvidia_as_default_runtime_from_either_input(run_playbook
     result = run_playbook(ENGINE_CHECK_PLAYBOOK, {variable: {"default-runtime": "nvidia"}}, host="nowhere",
                           inventory="nowhere ansible_host=127.0.0.1 ansible_port=9 ansible_connection=ssh\n")
     assert result.rc != 0
-    assert "do not set default-runtime=nvidia" in result.failure()
+    assert "Do not set default-runtime=nvidia" in result.failure()
     assert result.tasks[-1][0].endswith("Check the docker_engine settings")  # stopped there, before any install
