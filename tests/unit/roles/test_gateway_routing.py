@@ -73,6 +73,15 @@ RENDER = """
         mode: "0644"
       loop: [haproxy.cfg, clients.map, models.map, grants.lst]
 
+    - name: Render the gateway's own error answers
+      ansible.builtin.template:
+        src: "{{ templates }}/error.http.j2"
+        dest: "{{ out }}/error-{{ _gateway_error.status }}.http"
+        mode: "0644"
+      loop: "{{ _gateway_error_answers }}"
+      loop_control:
+        loop_var: _gateway_error
+
     - name: Render each client's model list
       ansible.builtin.template:
         src: "{{ templates }}/client-models.json.j2"
@@ -419,6 +428,7 @@ results["slow_body"] = {
     "wrong_key": wire_post(b"{", "not-a-client-key-000", length=1000000),
     "keyed": wire_post(b"{", os.environ["FULL_KEY"], length=1000),
 }
+results["malformed"] = wire(b"POST /v1/chat/completions HTTP/1.1\r\nHost gateway\r\n\r\n")
 results["full_huge_chunked"] = wire_post(chat_body(3 * BUFFER), os.environ["FULL_KEY"], chunk=1024,
                                          request_id="full-huge-chunked")
 results["seen"] = json.load(urllib.request.urlopen(os.environ["CHAT_URL"] + "/seen", timeout=10))
@@ -761,6 +771,19 @@ def test_a_request_without_a_valid_key_gets_401_before_its_body_is_awaited(gatew
 def test_a_keyed_client_whose_body_does_not_come_gets_408_after_the_body_timeout(gateway):
     result = gateway["outcomes"]["slow_body"]["keyed"]
     assert result["status"] == 408 and 2.5 < result["seconds"] < 6, result
+    assert json.loads(result["body"])["error"]["code"] == 408  # OpenAI's error shape, as every answer of the gateway
+
+
+def test_the_gateways_own_errors_are_openai_error_objects(gateway):
+    # HAProxy 3.4's HTTP parser answers a malformed request from the errorfile; the lab's image (2.6) still sends its
+    # own page. Each file is a well-formed answer, and HAProxy answers a drained backend's request from its own.
+    assert gateway["outcomes"]["malformed"]["status"] == 400
+    for status in (400, 408, 502, 503, 504):
+        head, body = (gateway["config"] / ("error-%d.http" % status)).read_bytes().decode().split("\r\n\r\n")
+        assert "Content-Length: %d" % len(body) in head and json.loads(body)["error"]["code"] == status
+        assert ("Retry-After: 5" in head) == (status in (503, 504))
+    drained = gateway["drain_tasks"]["Ask for the chat model while its only host is drained"]["chat1"]
+    assert drained["json"]["error"]["type"] == "ServiceUnavailableError" and drained["retry_after"] == "5", drained
 
 
 def test_one_address_holds_a_bounded_number_of_connections_each_for_seconds(gateway):
