@@ -125,7 +125,8 @@ STAND_IN = r'''
 import http.server, json, sys, time
 
 NAME, RUNNER, PORT, KEY = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions"), "pooling": ("/v1/embeddings",)}[RUNNER]
+ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
+          "pooling": ("/v1/embeddings",)}[RUNNER]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -376,7 +377,7 @@ results = {
     "own_request_id": raw("/v1/chat/completions", CHAT, headers={"X-Request-Id": "ide-7f3a:0001"}.items()),
     "bad_request_id": raw("/v1/chat/completions", CHAT, headers={"X-Request-Id": "two words"}.items()),
 }
-for path in ("/tokenize", "/pooling", "/classify", "/v1/models/tiny-embed", "/v1/rerank", "/score"):
+for path in ("/tokenize", "/pooling", "/classify", "/v1/models/tiny-embed", "/v1/rerank", "/score", "/v1/responses"):
     results["path " + path] = raw(path, {"model": "tiny-embed", "prompt": "x"})
 
 # The noisy client (2 at once, 3 a second, 4 KiB bodies) and, meanwhile, the others.
@@ -428,6 +429,7 @@ results["slow_body"] = {
     "wrong_key": wire_post(b"{", "not-a-client-key-000", length=1000000),
     "keyed": wire_post(b"{", os.environ["FULL_KEY"], length=1000),
 }
+results["responses"] = raw("/v1/responses", {"model": "chat-alias", "input": "ping"})
 results["malformed"] = wire(b"POST /v1/chat/completions HTTP/1.1\r\nHost gateway\r\n\r\n")
 results["full_huge_chunked"] = wire_post(chat_body(3 * BUFFER), os.environ["FULL_KEY"], chunk=1024,
                                          request_id="full-huge-chunked")
@@ -639,6 +641,13 @@ def test_paths_of_no_runner_are_closed_at_the_gateway(gateway, path):
 def test_a_pooling_deployments_paths_are_open_while_it_exists(gateway, path):
     result = gateway["outcomes"]["path " + path]
     assert json.loads(result["body"]).get("backend") == "embed", result  # the stand-in answered, not the gateway
+
+
+def test_the_responses_api_is_routed_by_its_model(gateway):
+    result = gateway["outcomes"]["path /v1/responses"]  # the embed model: routed to its backend, which has no route
+    assert json.loads(result["body"]).get("backend") == "embed", result
+    result = gateway["outcomes"]["responses"]
+    assert result["status"] == 200 and json.loads(result["body"])["stand_in"]["backend"] == "chat", result
 
 
 def test_the_canary_token_pins_a_request_to_its_server_and_says_so(gateway):

@@ -110,9 +110,9 @@ def test_a_client_may_be_granted_a_model_by_an_alias(runs):
 
 
 @pytest.mark.parametrize("case, paths", [
-    ("rotating", ["/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v2/embed",
+    ("rotating", ["/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v2/embed",
                   "/v1/rerank", "/rerank", "/v2/rerank", "/score", "/v1/score"]),
-    ("chat_only", ["/v1/models", "/v1/chat/completions", "/v1/completions"])])
+    ("chat_only", ["/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/responses"])])
 def test_the_pooling_paths_are_open_only_with_a_pooling_deployment(runs, case, paths):
     assert runs[case].results[-2]["msg"] == paths
 
