@@ -78,9 +78,9 @@ options:
         type: int
         required: true
       container_port:
-        description: The port vLLM listens on in the container.
+        description: The port vLLM listens on in the container (the role's, from the onprem.vllm.host_layout lookup).
         type: int
-        default: 8000
+        required: true
       volumes:
         description: Binds, each C(host:container) with an optional C(:ro).
         type: list
@@ -624,7 +624,7 @@ def main():
                 env=dict(type="dict", default={}),
                 bind_address=dict(type="str", required=True),
                 port=dict(type="int", required=True),
-                container_port=dict(type="int", default=8000),
+                container_port=dict(type="int", required=True),
                 volumes=dict(type="list", elements="str", default=[]),
                 ipc_host=dict(type="bool", default=True),
                 shm_size=dict(type="str", default="16g"),
