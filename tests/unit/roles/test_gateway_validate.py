@@ -61,6 +61,11 @@ CASES = {
                            "gateway_timeout_request_body": "ten seconds"},
     "per_source_over_maxconn": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
                                 "gateway_max_connections_per_source": 5000},
+    # playbooks/gateway.yml alone (no plan check before it): the embeddings deployment also answers to chat's alias.
+    "alias_of_two_deployments": {"gateway_client_keys": [{"name": "ide", "key": IDE, "models": ["tiny-embed"]}],
+                                 "gateway_backends": [BASE["gateway_backends"][0],
+                                                      dict(BASE["gateway_backends"][1],
+                                                           served_names=["tiny-embed", "chat-alias"])]},
 }
 MESSAGES = {
     "short_rotation_key": "a client's rotation_key in gateway_client_keys must be 16+ such characters too",
@@ -76,6 +81,8 @@ MESSAGES = {
     "body_timeout_words": "gateway_timeout_http_request and gateway_timeout_request_body must be HAProxy times",
     "per_source_over_maxconn": "gateway_max_connections_per_source must be a whole number from 0 (no bound) to "
                                "gateway_maxconn",
+    "alias_of_two_deployments": "gateway_backends: the served name or alias chat-alias belongs to deployments chat and "
+                                "embed: a request for it reaches only one of them",
 }
 
 
