@@ -15,6 +15,7 @@ change is followed by `show servers state` written to the server-state file that
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import os
 import socket
@@ -181,3 +182,15 @@ def write_server_state(path: str, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def save_server_state(path: str, read_state) -> None:
+    """Write what `read_state()` returns (HAProxy's `show servers state`) to the server-state file, read and written
+    under an exclusive lock beside it: two drains at once (two deployments of a host, two rollouts) each read the
+    states after their own command, so the last writer holds every change and no drain is lost at the next reload."""
+    lock_fd = os.open(os.path.join(os.path.dirname(path) or ".", ".servers.state.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        write_server_state(path, read_state())
+    finally:
+        os.close(lock_fd)

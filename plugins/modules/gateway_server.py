@@ -141,8 +141,8 @@ from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import
     find_server,
     in_flight,
     is_serving,
+    save_server_state,
     wait_for,
-    write_server_state,
 )
 
 
@@ -173,7 +173,7 @@ def main():
         api.set_command(cmd)
         if params["state_file"]:
             try:
-                write_server_state(params["state_file"], api.server_state())
+                save_server_state(params["state_file"], api.server_state)
             except OSError as exc:
                 raise RuntimeError_(f"`{cmd}` was applied, but the server-state file {params['state_file']} could not "
                                     f"be written ({exc}): a reload of the gateway would forget it. Check the folder "
@@ -236,7 +236,7 @@ def main():
             # At the end too: a server put back is saved UP, not as the DOWN its fresh check started from; and a
             # gateway that has no file yet gets one. Not counted as a change: the file only mirrors HAProxy's state,
             # and the rollouts read `changed` as "this host was put back" (the undrain's canary).
-            write_server_state(params["state_file"], api.server_state())
+            save_server_state(params["state_file"], api.server_state)
         note_after(admin_state(row.get("status", "")))
         if admin_state(row.get("status", "")) != state:
             module.fail_json(msg=f"{backend}/{server} is {row.get('status')} after {commands}, not {state}",

@@ -1,6 +1,9 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from ansible_collections.onprem.vllm.plugins.module_utils import haproxy_runtime
@@ -139,3 +142,25 @@ def test_a_crash_before_the_rename_keeps_the_old_state_file(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         haproxy_runtime.write_server_state(str(path), STATE.replace(" 2 1\n", " 2 0\n"))
     assert path.read_text() == STATE and [p.name for p in tmp_path.iterdir()] == ["servers.state"]
+
+
+def test_two_drains_at_once_never_lose_one_in_the_state_file(tmp_path):
+    """Drain A reads HAProxy's states (its own drain only), drain B applies its own and saves; without the lock A then
+    wrote its older read over B's and B's server came back UP at the next reload. With it B waits for A and reads
+    the states after both."""
+    path = tmp_path / "servers.state"
+    only_a = STATE.replace(" 2 1\n", " 2 1\n3 vllm 2 ws2 10.0.0.2 2 0\n")
+    both = STATE.replace(" 2 1\n", " 2 1\n3 vllm 2 ws2 10.0.0.2 2 1\n")
+    a_reading = threading.Event()
+
+    def slow_read_of_a():
+        a_reading.set()
+        time.sleep(0.3)  # B's drain lands meanwhile
+        return only_a
+
+    drain_a = threading.Thread(target=haproxy_runtime.save_server_state, args=(str(path), slow_read_of_a))
+    drain_a.start()
+    assert a_reading.wait(5)
+    haproxy_runtime.save_server_state(str(path), lambda: both)
+    drain_a.join(5)
+    assert path.read_text() == both

@@ -142,7 +142,8 @@ def test_every_change_is_saved_where_haproxy_loads_it_on_reload(gateway, haproxy
     assert saved_admin_state(state_file) == {"ws1": 1, "ws2": 0}
     assert oct(state_file.stat().st_mode & 0o777) == "0o640"
     assert state_file.stat().st_gid == state_file.parent.stat().st_gid
-    assert [p.name for p in state_file.parent.iterdir()] == ["servers.state"]  # no temporary file left
+    # No temporary file left; the lock the writers of the file share stays.
+    assert sorted(p.name for p in state_file.parent.iterdir()) == [".servers.state.lock", "servers.state"]
 
     rc, back = gateway(fake, "ready", state_file=str(state_file))
     assert rc == 0 and back["status"] == "UP", back.get("msg")
