@@ -757,12 +757,16 @@ def test_a_body_within_the_limit_is_served_chunked_or_over_http_1_0(gateway, cli
     # Beyond what the gateway can measure without Content-Length (within the limit or not): the message says what to do.
     ("roomy", "buffer_chunked", "send a larger body with Content-Length"),
     ("roomy", "huge_chunked", "send a larger body with Content-Length"),
-    ("roomy", "one_huge_chunk", "send a larger body with Content-Length")])
+    # One chunk announces its size in its first line: where that line came with the headers, the key's own limit is
+    # known to be passed before the body is awaited (req.body_size counts the announced rest); else it is measured.
+    ("roomy", "one_huge_chunk", ("%d bytes" % (2 * BUFFER), "send a larger body with Content-Length"))])
 def test_a_body_over_the_limit_gets_413_however_it_is_sent_and_never_reaches_a_server(gateway, client, case, message):
     result = gateway["outcomes"][client][case]
     assert result["status"] == 413, result
     error = json.loads(result["body"])["error"]
-    assert error["type"] == "RequestTooLargeError" and error["code"] == 413 and message in error["message"], error
+    messages = message if isinstance(message, tuple) else (message,)
+    assert error["type"] == "RequestTooLargeError" and error["code"] == 413, error
+    assert any(expected in error["message"] for expected in messages), error
     assert "%s-%s" % (client, case.replace("_", "-")) not in gateway["outcomes"]["seen"]
 
 
