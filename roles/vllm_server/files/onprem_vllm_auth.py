@@ -17,6 +17,12 @@ it stops sending (`X-Onprem-Check: <gateway>;fall=<n>`), and GET /onprem/drain (
 tells the drain how many checks each gateway has had refused and how many requests the server is answering, so the
 drain waits for the gateways' own verdict instead of a guessed time.
 
+A gateway's check carries the gateway's key, and proves it: a check whose key this server does not hold is answered 401
+(the gateway takes the server out of rotation instead of sending it requests it would refuse, and its exporter's
+check code says why), and the check header counts only with a key this server holds (a host on the LAN cannot end a
+drain early or fill the table with invented gateways). A probe without any key (the container's health check, the
+role's gates) is answered as before.
+
 The GPU fault flag (ONPREM_VLLM_FAULT_FILE; the Xid monitor writes it on a critical Xid) fails /health the same way,
 but it lives on disk: the host stays out of rotation across restarts until playbooks/gpu_return.yml removes it.
 """
@@ -40,10 +46,13 @@ OPEN_METHODS = frozenset({"GET", "HEAD"})
 DRAIN_STATUS_PATH = "/onprem/drain"
 CHECK_HEADER = b"x-onprem-check"
 CHECK_VALUE = re.compile(rb"^([A-Za-z0-9_.-]{1,64});fall=([0-9]{1,3})$")
-# Anyone who reaches the port can send the header: a bounded table.
+# Only holders of a key count, and still a bounded table.
 MAX_CHECKERS = 64
 _UNAUTHORIZED = json.dumps({"error": {"message": "missing or wrong API key", "type": "invalid_request_error",
                                       "code": 401}}).encode()
+_CHECK_KEY_REFUSED = json.dumps({"error": {"message": "a health check with a key this server does not hold: the "
+                                             "caller's key is missing from the server's key file",
+                                             "type": "invalid_request_error", "code": 401}}).encode()
 _DRAINING = json.dumps({"status": "draining: the host is shutting down"}).encode()
 _GPU_FAULT = json.dumps({"status": "out of rotation: a GPU of this host reported a critical Xid"}).encode()
 
@@ -93,7 +102,8 @@ class BearerKeyMiddleware:
         self._digests = [hashlib.sha256(key).digest() for key in keys]
         self._key_stamp, self._key_error = stamp, ""
 
-    def authorized(self, headers) -> bool:
+    def key_verdict(self, headers) -> bool | None:
+        """True: a bearer key this server holds; False: another credential; None: no Authorization header."""
         self.reload_keys()
         for name, value in headers or ():
             if name.lower() == b"authorization":
@@ -101,7 +111,10 @@ class BearerKeyMiddleware:
                 digest = hashlib.sha256(token).digest()
                 matches = [hmac.compare_digest(digest, known) for known in self._digests]
                 return scheme.lower() == b"bearer" and any(matches)
-        return False
+        return None
+
+    def authorized(self, headers) -> bool:
+        return self.key_verdict(headers) is True
 
     @staticmethod
     def is_open(scope) -> bool:
@@ -120,12 +133,12 @@ class BearerKeyMiddleware:
     def draining(self) -> bool:
         return (bool(self.drain_file) and os.path.exists(self.drain_file)) or self.gpu_fault()
 
-    def health_check(self, scope) -> bool:
-        """GET /health while the host drains: refused, and counted when a gateway's check says who it is."""
+    def health_check(self, scope, keyed: bool = False) -> bool:
+        """GET /health while the host drains: refused, and counted when a keyed gateway's check says who it is."""
         if not self.draining():
             self.refused.clear()  # back in service: a later drain counts afresh
             return False
-        for name, value in scope.get("headers") or ():
+        for name, value in (scope.get("headers") or ()) if keyed else ():
             match = CHECK_VALUE.match(value) if name.lower() == CHECK_HEADER else None
             if match and (match.group(1).decode() in self.refused or len(self.refused) < MAX_CHECKERS):
                 entry = self.refused.setdefault(match.group(1).decode(), [0, 0, 0.0])
@@ -144,8 +157,12 @@ class BearerKeyMiddleware:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)  # lifespan
         if scope["type"] == "http" and scope.get("method") == "GET":
-            if scope.get("path") == "/health" and self.health_check(scope):
-                return await _reply(send, 503, _GPU_FAULT if self.gpu_fault() else _DRAINING)
+            if scope.get("path") == "/health":
+                verdict = self.key_verdict(scope.get("headers"))
+                if verdict is False:
+                    return await _reply(send, 401, _CHECK_KEY_REFUSED, [(b"www-authenticate", b"Bearer")])
+                if self.health_check(scope, keyed=verdict is True):
+                    return await _reply(send, 503, _GPU_FAULT if self.gpu_fault() else _DRAINING)
             if scope.get("path") == DRAIN_STATUS_PATH:
                 return await _reply(send, 200, self.drain_status())
         if scope["type"] == "http" and self.is_open(scope):

@@ -118,9 +118,9 @@ DRAIN_UNDRAIN = """
         tasks_from: undrain.yml
 """
 
-# A vLLM stand-in: /health, and its runner's routes the tests use (a pooling server has no completions, as vLLM's), each
-# answer saying which backend answered, whether the gateway's key replaced the client's, the body's length and where
-# "model" is in it.
+# A vLLM stand-in: /health (passed only by a check that carries the server key), and its runner's routes the tests
+# use (a pooling server has no completions, as vLLM's), each answer saying which backend answered, whether the
+# gateway's key replaced the client's, the body's length and where "model" is in it.
 STAND_IN = r'''
 import http.server, json, sys, time
 
@@ -146,7 +146,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/seen":  # asked directly (the gateway forwards no GET but /health's): what got through
             self.send(200, json.dumps(SEEN).encode())
             return
-        self.send(200 if self.path == "/health" else 404, b"{}")
+        if self.path == "/health":  # as the server's middleware: a check with a key it does not hold fails
+            self.send(200 if self.headers.get("Authorization") == "Bearer " + KEY else 401, b"{}")
+            return
+        self.send(404, b"{}")
 
     def do_POST(self):
         SEEN.append(self.headers.get("X-Request-Id"))

@@ -80,7 +80,8 @@ def test_every_rule_has_a_runbook_a_summary_a_severity_and_a_threshold_variable(
     rules = [r for g in yaml.safe_load(render_rules())["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} == {
         "VllmServerDown", "VllmKvCacheNearlyFull", "VllmPreemptionsIncreasing", "VllmRequestsWaiting",
-        "VllmTtftP99High", "GatewayHostOutOfRotation", "GatewayMetricsDown", "GpuCriticalXid", "GpuFaultDrained",
+        "VllmTtftP99High", "GatewayHostOutOfRotation", "GatewayServerRejectsKey",
+        "GatewayMetricsDown", "GpuCriticalXid", "GpuFaultDrained",
         "XidMonitorFailing", "HfCacheDiskNearlyFull"}
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]

@@ -148,7 +148,7 @@ def test_a_gpu_fault_fails_health_until_the_flag_is_removed_whatever_the_shutdow
     guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(drain), fault_file=str(fault))
     assert call(guard, "/health", method="GET")[0]["status"] == 200
     fault.write_text('{"events": [{"code": 79}]}')
-    sent = call(guard, "/health", method="GET", headers=[("x-onprem-check", "gw1;fall=2")])
+    sent = call(guard, "/health", method="GET", authorization="Bearer " + KEY, headers=[("x-onprem-check", "gw1;fall=2")])
     assert sent[0]["status"] == 503 and b"critical Xid" in sent[1]["body"]
     drain.touch()
     drain.unlink()
@@ -179,7 +179,8 @@ def test_the_drain_status_counts_each_gateways_refused_checks(tmp_path, call):
     guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(flag))
 
     def check(value):
-        return call(guard, "/health", method="GET", headers=[("x-onprem-check", value)])[0]["status"]
+        return call(guard, "/health", method="GET", authorization="Bearer " + KEY,
+                    headers=[("x-onprem-check", value)])[0]["status"]
 
     def status():
         sent = call(guard, "/onprem/drain", method="GET")
@@ -207,8 +208,28 @@ def test_the_drain_status_table_is_bounded(tmp_path):
     flag.touch()
     guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(flag))
     for number in range(auth.MAX_CHECKERS + 10):
-        guard.health_check({"headers": [(b"x-onprem-check", b"gw%d;fall=2" % number)]})
+        guard.health_check({"headers": [(b"x-onprem-check", b"gw%d;fall=2" % number)]}, keyed=True)
     assert len(guard.refused) == auth.MAX_CHECKERS
+
+
+@pytest.mark.parametrize("draining", [False, True])
+def test_a_check_with_a_key_the_server_lacks_is_refused_and_never_counted(tmp_path, call, draining):
+    """The gateway's check carries its key: one this server does not hold fails the check (401, the server leaves
+    rotation instead of refusing the gateway's requests); a check header without a key, or with a wrong one, is not
+    counted, so a host on the LAN cannot end a drain early or crowd out the real gateways."""
+    key_file, flag = tmp_path / "key", tmp_path / "draining"
+    key_file.write_text(KEY + "\n")
+    if draining:
+        flag.touch()
+    guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(flag))
+    forged = [("x-onprem-check", "gw1;fall=0")]
+    for authorization in ("Bearer wrong-key", "Bearer " + KEY + "x", "Basic " + KEY, ""):
+        sent = call(guard, "/health", method="GET", authorization=authorization, headers=forged)
+        assert sent[0]["status"] == 401 and KEY.encode() not in sent[1]["body"]
+        assert b"key file" in sent[1]["body"]
+    assert call(guard, "/health", method="GET", headers=forged)[0]["status"] == (503 if draining else 200)
+    assert guard.refused == {}
+    assert call(guard, "/health", method="GET", authorization="Bearer " + KEY)[0]["status"] == (503 if draining else 200)
 
 
 def test_requests_in_flight_are_counted_until_answered(middleware, call):
