@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import fcntl
 import io
+import json
 import os
 import socket
 import tempfile
@@ -74,6 +75,37 @@ def admin_state(status: str) -> str:
 def is_serving(status: str) -> bool:
     """In rotation and passing its health check: UP (not 'UP 1/2', which is on its way down), or no check at all."""
     return (status or "").upper() in ("UP", "NO CHECK")
+
+
+def others_serving(rows: list[dict], backend: str, server: str) -> bool:
+    """Whether another server of the backend is in rotation and passing its checks (it takes the requests)."""
+    return any(row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND", server)
+               and is_serving(row.get("status", "")) for row in rows)
+
+
+def hold_command(backend: str, seconds: int) -> str:
+    """Hold the backend's requests at the gateway while none of its servers is UP (roles/gateway, onprem_hold.lua)."""
+    return f"onprem hold {backend} {int(seconds)}"
+
+
+def release_command(backend: str) -> str:
+    return f"onprem release {backend}"
+
+
+def parse_hold_answer(text: str) -> dict | None:
+    """The gateway's answer to `onprem hold` or `onprem release`: the hold's counts (backend, remaining_ms, waiting,
+    held, longest_ms), or None where there was no hold to release or the gateway has no hold (a configuration written
+    before it: HAProxy answers "Unknown command")."""
+    line = (text or "").strip()
+    if not line.startswith("{"):
+        if "unknown command" in line.lower():
+            return None
+        raise RuntimeError_(f"unexpected answer to a hold command: {line[:200]!r}")
+    try:
+        answer = json.loads(line)
+    except ValueError as exc:
+        raise RuntimeError_(f"unexpected answer to a hold command: {line[:200]!r}") from exc
+    return None if answer.get("not_held") else answer
 
 
 def commands_for(current_status: str, state: str, backend: str, server: str, fresh_check: bool = True) -> list[str]:

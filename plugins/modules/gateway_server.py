@@ -15,6 +15,9 @@ description:
     HAProxy would otherwise report at once the health it had before), so with O(wait) the module returns only once
     HAProxy's own checks have passed again after the undrain. A server that does not come UP in time is put back in
     maintenance (it stays drained) and the module fails.
+  - With O(hold), a drain of a backend's last server in rotation first puts the backend on hold at the gateway: its
+    requests wait there (at most O(hold) seconds) until a server of the backend is UP again, instead of getting 503.
+    C(state=ready) ends a hold of the backend once the server is UP, and returns what it held.
 options:
   socket:
     description: Path of the HAProxy admin socket on the gateway host.
@@ -51,6 +54,14 @@ options:
     description: Seconds between two reads of the server's statistics.
     type: float
     default: 0.5
+  hold:
+    description:
+      - For C(state=drain) or C(state=maint) where no other server of the backend is in rotation (the deployment's
+        only server is restarted), seconds the gateway holds the backend's requests until a server is UP again.
+      - C(0) holds nothing (requests get the gateway's JSON 503 with Retry-After while no server is UP).
+      - A gateway whose configuration predates holds (no C(onprem hold) command) is drained without one.
+    type: int
+    default: 0
   state_file:
     description:
       - HAProxy's server-state file on the gateway host (its C(server-state-file), loaded when HAProxy starts or
@@ -120,6 +131,13 @@ timestamp:
   returned: always
   type: float
   sample: 1767225600.25
+hold:
+  description:
+    - The hold of the backend's requests this call began (drain, maint) or ended (ready), as the gateway counts it
+      (V(null) when there was none); C(held) requests have waited for a server, the longest C(longest_ms).
+  returned: always
+  type: dict
+  sample: {backend: vllm-embed, remaining_ms: 299800, waiting: 0, held: 12, longest_ms: 41250}
 commands:
   description: Runtime API commands sent (or that would be sent in check mode).
   returned: always
@@ -139,8 +157,12 @@ from ansible_collections.onprem.vllm.plugins.module_utils.haproxy_runtime import
     admin_state,
     commands_for,
     find_server,
+    hold_command,
     in_flight,
     is_serving,
+    others_serving,
+    parse_hold_answer,
+    release_command,
     save_server_state,
     wait_for,
 )
@@ -158,6 +180,7 @@ def main():
             timeout=dict(type="int", default=600),
             poll_interval=dict(type="float", default=0.5),
             state_file=dict(type="path"),
+            hold=dict(type="int", default=0),
         ),
         supports_check_mode=True,
     )
@@ -186,7 +209,8 @@ def main():
     try:
         row = fetch()
         before = row.get("status", "")
-        result = dict(changed=False, before=before, in_flight_before=in_flight(row), waited=0.0, started=started)
+        result = dict(changed=False, before=before, in_flight_before=in_flight(row), waited=0.0, started=started,
+                      hold=None)
         commands = commands_for(before, state, backend, server, params["fresh_check"])
         result["commands"] = commands
         result["changed"] = bool(commands)
@@ -199,6 +223,9 @@ def main():
         note_after(state)
         if module.check_mode:
             module.exit_json(status=before, in_flight=in_flight(row), timestamp=time.time(), **result)
+        if state in ("drain", "maint") and params["hold"] > 0 and not others_serving(api.stat_rows(), backend, server):
+            # Before the drain: from its first command on, no other server would take the backend's requests.
+            result["hold"] = parse_hold_answer(api.command(hold_command(backend, params["hold"])))
         drain_cmds = [cmd for cmd in commands if cmd.endswith("state drain")]
         for cmd in drain_cmds:
             send(cmd)
@@ -237,6 +264,8 @@ def main():
             # gateway that has no file yet gets one. Not counted as a change: the file only mirrors HAProxy's state,
             # and the rollouts read `changed` as "this host was put back" (the undrain's canary).
             save_server_state(params["state_file"], api.server_state)
+        if state == "ready" and is_serving(row.get("status", "")):
+            result["hold"] = parse_hold_answer(api.command(release_command(backend)))
         note_after(admin_state(row.get("status", "")))
         if admin_state(row.get("status", "")) != state:
             module.fail_json(msg=f"{backend}/{server} is {row.get('status')} after {commands}, not {state}",

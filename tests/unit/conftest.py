@@ -442,8 +442,10 @@ class HAProxySocket:
 
     STATUS = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}
 
-    def __init__(self, path, servers, rise=2):
+    def __init__(self, path, servers, rise=2, holds=True):
         self.path = str(path)
+        # The gateway's hold commands (roles/gateway/files/onprem_hold.lua), or None: a configuration without them.
+        self.holds = {} if holds else None
         self.states = {name: "ready" for name in servers}
         self.health = {name: "UP" for name in servers}
         self.scur = dict.fromkeys(servers, 0)
@@ -465,6 +467,17 @@ class HAProxySocket:
         lines += ["vllm,%s,0,%d,%s,10.0.0.%d:8000" % (name, self.scur[name], self.status(name), n + 1)
                   for n, name in enumerate(self.states)]
         return "\n".join(lines + ["vllm,BACKEND,0,0,UP,"]) + "\n\n"
+
+    def hold_answer(self, words):
+        """`onprem hold vllm <s>` and `onprem release vllm` as onprem_hold.lua answers them (nothing held here)."""
+        if words[1] == "hold" and words[2] == "vllm":
+            self.holds["vllm"] = int(words[3]) * 1000
+            return '{"backend":"vllm","remaining_ms":%d,"waiting":0,"held":0,"longest_ms":0}\n' % self.holds["vllm"]
+        if words[1] == "release" and words[2] == "vllm" and "vllm" in self.holds:
+            return '{"backend":"vllm","remaining_ms":%d,"waiting":0,"held":3,"longest_ms":1500}\n' % self.holds.pop("vllm")
+        if words[1] == "release":
+            return '{"backend":"%s","not_held":true}\n' % words[2]
+        return "onprem hold: no such backend, or seconds is not a positive number\n"
 
     # `show servers state` as 2.6.12 prints it (columns cut after srv_admin_state; 0x01 forced maint, 0x08 drain).
     ADMIN_BITS = {"ready": 0, "drain": 8, "maint": 1}
@@ -489,6 +502,8 @@ class HAProxySocket:
                         self.health[name] = "UP"
                         del self.checks_to_up[name]
             return text
+        if cmd.startswith("onprem ") and self.holds is not None:
+            return self.hold_answer(cmd.split())
         if not cmd.startswith("set server vllm/"):
             return "Unknown command. Please enter one of the following commands only :\n"
         target, _sep, action = cmd[len("set server vllm/"):].partition(" ")
@@ -521,11 +536,11 @@ class HAProxySocket:
 
 @pytest.fixture
 def haproxy_socket(tmp_path):
-    """haproxy_socket(*servers, rise=2) -> HAProxySocket on tmp_path/admin.sock (closed after the test)."""
+    """haproxy_socket(*servers, rise=2, holds=True) -> HAProxySocket on tmp_path/admin.sock (closed after the test)."""
     made = []
 
-    def start(*servers, rise=2):
-        made.append(HAProxySocket(tmp_path / "admin.sock", servers, rise))
+    def start(*servers, rise=2, holds=True):
+        made.append(HAProxySocket(tmp_path / "admin.sock", servers, rise, holds))
         return made[-1]
 
     yield start

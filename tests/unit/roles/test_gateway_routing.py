@@ -82,6 +82,12 @@ RENDER = """
       loop_control:
         loop_var: _gateway_error
 
+    - name: Copy the hold's Lua
+      ansible.builtin.copy:
+        src: "{{ templates }}/../files/onprem_hold.lua"
+        dest: "{{ out }}/onprem_hold.lua"
+        mode: "0644"
+
     - name: Render each client's model list
       ansible.builtin.template:
         src: "{{ templates }}/client-models.json.j2"
@@ -96,10 +102,12 @@ DRAIN_UNDRAIN = """
   hosts: chat1,embed1
   gather_facts: false
   tasks:
-    - name: Drain
+    - name: Drain (chat without a hold, so that its request gets the gateway's 503)
       ansible.builtin.include_role:
         name: gateway
         tasks_from: drain.yml
+      vars:
+        gateway_hold_timeout: "{{ 0 if inventory_hostname == 'chat1' else 60 }}"
 
     - name: Ask for the chat model while its only host is drained
       ansible.builtin.uri:
@@ -112,10 +120,41 @@ DRAIN_UNDRAIN = """
       register: while_drained
       run_once: true
 
+    - name: Ask for an embedding while its only host is drained (held until the undrain)
+      ansible.builtin.uri:
+        url: "http://127.0.0.1:{{ hostvars.gw.gateway_port }}/v1/embeddings"
+        method: POST
+        body_format: json
+        body: {model: tiny-embed, input: hi}
+        headers: {Authorization: "Bearer {{ hostvars.gw.gateway_client_keys[0].key }}", X-Request-Id: held-embedding}
+        timeout: 90
+      async: 90
+      poll: 0
+      register: held_request
+      run_once: true
+
+    - name: Let the held request reach the gateway
+      ansible.builtin.wait_for:
+        timeout: 2
+      run_once: true
+
     - name: Undrain
       ansible.builtin.include_role:
         name: gateway
         tasks_from: undrain.yml
+
+    - name: Collect the held request's answer
+      ansible.builtin.async_status:
+        jid: "{{ held_request.ansible_job_id }}"
+      register: held_answer
+      until: held_answer.finished
+      retries: 60
+      delay: 1
+      run_once: true
+
+    - name: Report the holds the undrain ended
+      ansible.builtin.debug:
+        var: gateway_holds
 """
 
 # A vLLM stand-in: /health (passed only by a check that carries the server key), and its runner's routes the tests
@@ -467,6 +506,11 @@ def _failures(tasks):
             if any(r.get("failed") and not r.get("ignored") for r in hosts.values())}
 
 
+def _gateway_log(container):
+    logs = _docker("logs", container, check=False)
+    return logs.stdout + logs.stderr
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -541,9 +585,7 @@ def gateway(tmp_path_factory):
                          "-e", "CHAT_URL=http://%s-chat:%d" % (prefix, DEPLOYMENTS[0]["port"]),
                          "-e", "CANARY_TOKEN=" + canary_token("vllm-chat", "chat1"), "-e", "UNKNOWN_MODEL=" + UNKNOWN,
                          "--entrypoint", "python3", SERVING_IMAGE, "/test/client.py", check=False)
-        logs = _docker("logs", prefix + "-gw", check=False)
-        assert client.returncode == 0, (client.stderr[-3000:], logs.stdout[-3000:], logs.stderr[-3000:])
-        gateway_log = logs.stdout + logs.stderr
+        assert client.returncode == 0, (client.stderr[-3000:], _gateway_log(prefix + "-gw")[-6000:])
         outcomes = json.loads(client.stdout)
         (tmp / "drain.yml").write_text(DRAIN_UNDRAIN)
         drain_rc, drain_tasks = _ansible_playbook(tmp / "hosts.yml", tmp / "drain.yml")
@@ -566,7 +608,7 @@ def gateway(tmp_path_factory):
         yield {"config": config, "outcomes": outcomes, "drain_rc": drain_rc, "drain_tasks": drain_tasks,
                "flooded": flooded, "during_flood": during_flood,
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
-               "log": gateway_log}
+               "log": _gateway_log(prefix + "-gw")}
     finally:
         for container in containers:
             _docker("rm", "-f", container, check=False)
@@ -651,6 +693,24 @@ def test_the_responses_api_is_routed_by_its_model(gateway):
     assert json.loads(result["body"]).get("backend") == "embed", result
     result = gateway["outcomes"]["responses"]
     assert result["status"] == 200 and json.loads(result["body"])["stand_in"]["backend"] == "chat", result
+
+
+def test_a_drain_of_a_deployments_only_server_holds_its_requests_for_the_new_one(gateway):
+    """embed1 is tiny-embed's only server: its drain put the backend on hold, an embedding sent meanwhile waited at the
+    gateway and was answered by embed1 once the undrain brought it UP; the undrain returned what was held, and the
+    gateway's log line says how long. chat1 was drained without a hold (its request got the JSON 503)."""
+    tasks = gateway["drain_tasks"]
+    assert gateway["drain_rc"] == 0, _failures(tasks)
+    drained = tasks["gateway : Drain the host at the gateway and wait for its requests in flight"]
+    assert drained["embed1"]["results"][0]["hold"]["backend"] == "vllm-embed", drained["embed1"]
+    assert drained["chat1"]["results"][0]["hold"] is None, drained["chat1"]
+    answer = tasks["Collect the held request's answer"]["chat1"]
+    assert answer["status"] == 200 and answer["json"]["stand_in"]["backend"] == "embed", answer
+    holds = tasks["Report the holds the undrain ended"]["embed1"]["gateway_holds"]
+    assert holds["embed"]["held"] == 1 and 1.5 < holds["embed"]["longest_s"] < 60, holds
+    held_lines = [line for line in gateway["log"].splitlines() if 'request_id="held-embedding"' in line]
+    assert len(held_lines) == 1 and " 200 " in held_lines[0], held_lines
+    assert int(re.search(r"held_ms=(\d+)", held_lines[0]).group(1)) >= 1500, held_lines
 
 
 def test_the_canary_token_pins_a_request_to_its_server_and_says_so(gateway):

@@ -164,3 +164,27 @@ def test_two_drains_at_once_never_lose_one_in_the_state_file(tmp_path):
     haproxy_runtime.save_server_state(str(path), lambda: both)
     drain_a.join(5)
     assert path.read_text() == both
+
+
+@pytest.mark.parametrize("statuses, serving", [
+    ({"ws2": "UP"}, True), ({"ws2": "no check"}, True), ({"ws2": "UP 1/2"}, False), ({"ws2": "DOWN"}, False),
+    ({"ws2": "MAINT"}, False), ({"ws2": "DRAIN"}, False), ({}, False), ({"ws2": "DOWN", "ws3": "UP"}, True)])
+def test_others_serving_counts_only_other_servers_in_rotation_and_up(statuses, serving):
+    rows = [{"pxname": "vllm-chat", "svname": "ws1", "status": "UP"},
+            {"pxname": "vllm-embed", "svname": "ws9", "status": "UP"},
+            {"pxname": "vllm-chat", "svname": "BACKEND", "status": "UP"}]
+    rows += [{"pxname": "vllm-chat", "svname": name, "status": status} for name, status in statuses.items()]
+    assert haproxy_runtime.others_serving(rows, "vllm-chat", "ws1") is serving
+
+
+def test_hold_answers_are_read_and_a_gateway_without_holds_is_none():
+    held = '{"backend":"vllm-embed","remaining_ms":1200,"waiting":1,"held":4,"longest_ms":900}\n'
+    assert haproxy_runtime.parse_hold_answer(held) == {"backend": "vllm-embed", "remaining_ms": 1200, "waiting": 1,
+                                                       "held": 4, "longest_ms": 900}
+    assert haproxy_runtime.parse_hold_answer('{"backend":"vllm-embed","not_held":true}\n') is None
+    assert haproxy_runtime.parse_hold_answer("Unknown command: 'onprem'\n") is None
+    assert haproxy_runtime.hold_command("vllm-embed", 300) == "onprem hold vllm-embed 300"
+    assert haproxy_runtime.release_command("vllm-embed") == "onprem release vllm-embed"
+    for bad in ("onprem hold: no such backend, or seconds is not a positive number\n", "{not json"):
+        with pytest.raises(haproxy_runtime.RuntimeError_):
+            haproxy_runtime.parse_hold_answer(bad)

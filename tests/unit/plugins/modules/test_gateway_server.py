@@ -25,10 +25,44 @@ def gateway(call_module):
 
 
 def sent(fake):
-    """The state-changing commands the fake received (every `show ...` left out), and forget them."""
-    changes = [cmd for cmd in fake.commands if not cmd.startswith("show ")]
+    """The state-changing commands the fake received (every `show ...` and hold left out), and forget them."""
+    changes = [cmd for cmd in fake.commands if not cmd.startswith(("show ", "onprem "))]
     fake.commands.clear()
     return changes
+
+
+def test_a_drain_of_the_last_server_in_rotation_holds_its_requests_until_one_is_up_again(gateway, haproxy_socket):
+    """ws2 already out: draining ws1 leaves no server, so the backend is put on hold BEFORE the drain; the undrain
+    of ws1 ends the hold once ws1 is UP and returns what it held. In check mode nothing is held."""
+    fake = haproxy_socket("ws1", "ws2")
+    fake.states["ws2"] = "maint"
+    rc, check = gateway(fake, "maint", hold=300, _ansible_check_mode=True)
+    assert rc == 0 and check["hold"] is None and fake.holds == {}
+    rc, drained = gateway(fake, "maint", hold=300)
+    assert rc == 0 and drained["hold"] == {"backend": "vllm", "remaining_ms": 300000, "waiting": 0, "held": 0,
+                                           "longest_ms": 0}, drained
+    assert [c for c in fake.commands if not c.startswith("show ")][:2] == ["onprem hold vllm 300", DRAIN]
+    fake.commands.clear()
+    rc, back = gateway(fake, "ready")
+    assert rc == 0 and back["status"] == "UP" and back["hold"]["held"] == 3 and back["hold"]["longest_ms"] == 1500
+    assert fake.commands[-1] == "onprem release vllm" and fake.holds == {}
+
+
+@pytest.mark.parametrize("hold, others", [(0, "DOWN"), (300, "UP")])
+def test_no_hold_without_a_bound_or_while_another_server_serves(gateway, haproxy_socket, hold, others):
+    fake = haproxy_socket("ws1", "ws2")
+    fake.health["ws2"] = others
+    rc, drained = gateway(fake, "maint", hold=hold)
+    assert rc == 0 and drained["hold"] is None and fake.holds == {}
+    assert not [c for c in fake.commands if c.startswith("onprem hold")]
+
+
+def test_a_gateway_without_holds_is_drained_and_undrained_as_before(gateway, haproxy_socket):
+    fake = haproxy_socket("ws1", holds=False)
+    rc, drained = gateway(fake, "maint", hold=300)
+    assert rc == 0 and drained["status"] == "MAINT" and drained["hold"] is None
+    rc, back = gateway(fake, "ready")
+    assert rc == 0 and back["status"] == "UP" and back["hold"] is None
 
 
 def test_drain_check_then_apply_then_again(gateway, haproxy_socket):
