@@ -37,6 +37,9 @@ BASE_PACKAGES = [
     "python3", "python3-apt", "systemd", "systemd-sysv", "dbus", "sudo", "iproute2", "ca-certificates",
     "gnupg", "curl", "procps", "kmod", "iptables",
 ]
+# The root of the lab's gateway image (lab/build_gateway_image.py): Debian 13, whose HAProxy 3.0 needs its libc. Only
+# minbase: the gateway's Dockerfile installs HAProxy on it.
+TRIXIE_REPO = "onprem-vllm-lab/trixie"
 # Everything but SYS_RESOURCE: `--privileged` and `--cap-add ALL` are refused on the CI machines,
 # and Docker 20.10 rejects the names BPF, CHECKPOINT_RESTORE and PERFMON.
 CAPABILITIES = (
@@ -168,22 +171,25 @@ def image_recipe(mirror: str, ca_bundle: Path | None) -> dict:
     return recipe
 
 
-def image_tag(recipe: dict) -> str:
+def trixie_recipe(mirror: str) -> dict:
+    return {"suite": "trixie", "variant": "minbase", "packages": [], "mirror": mirror, "recipe_version": 1}
+
+
+def image_tag(recipe: dict, repo: str = IMAGE_REPO) -> str:
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{IMAGE_REPO}:{digest}"
+    return f"{repo}:{digest}"
 
 
 def image_exists(tag: str) -> bool:
     return docker("image", "inspect", tag, check=False).returncode == 0
 
 
-def build_image(ca_bundle: Path | None) -> str:
+def debootstrap_image(recipe: dict, repo: str, options: list[str], changes: list[str]) -> str:
+    """The image of a recipe, repo:<recipe hash>: reused where it exists, else its suite's root filesystem made by
+    mmdebstrap (with options) and imported with the Dockerfile instructions changes. Returns its tag."""
     info = require_docker()
-    mirror = debian_mirror()
-    recipe = image_recipe(mirror, ca_bundle)
-    tag = image_tag(recipe)
+    tag = image_tag(recipe, repo)
     if image_exists(tag):
-        docker("tag", tag, f"{IMAGE_REPO}:latest")
         print(f"image {tag} is up to date")
         return tag
     if not shutil.which("mmdebstrap"):
@@ -192,33 +198,44 @@ def build_image(ca_bundle: Path | None) -> str:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
-        hooks = [
-            # A container has no console or udev; these units only slow boot or fail there.
-            'chroot "$1" systemctl mask getty@tty1.service systemd-udevd.service systemd-logind.service '
-            "systemd-remount-fs.service sys-kernel-config.mount console-getty.service",
-            'echo "onprem-lab" > "$1/etc/hostname"',
-        ]
-        if ca_bundle:
-            hooks.append(f'cp {ca_bundle} "$1/usr/local/share/ca-certificates/lab-extra.crt" && '
-                         'chroot "$1" update-ca-certificates')
-        # Keep the apt lists: with an empty lists folder, Ansible's apt cache_valid_time sees a "fresh" cache.
-        cmd = ["mmdebstrap", "--variant=minbase", "--skip=cleanup/apt/lists", f"--include={','.join(BASE_PACKAGES)}"]
-        cmd += [f"--customize-hook={hook}" for hook in hooks]
-        cmd += ["bookworm", str(rootfs), mirror]
+        cmd = ["mmdebstrap", f"--variant={recipe['variant']}", *options]
+        if recipe["packages"]:
+            cmd.append(f"--include={','.join(recipe['packages'])}")
+        cmd += [recipe["suite"], str(rootfs), recipe["mirror"]]
         proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
         if proc.returncode != 0:
-            raise LabError(f"mmdebstrap failed (mirror {mirror}): {proc.stderr.strip().splitlines()[-3:]}")
+            raise LabError(f"mmdebstrap failed (mirror {recipe['mirror']}): {proc.stderr.strip().splitlines()[-3:]}")
         # The lab label goes on containers at `docker run`, not on the image: images built FROM this one would pass it
         # on to their containers, and `down` would then remove containers the lab did not create.
-        changes = [f"LABEL {LAB_LABEL}.base-recipe={tag.split(':')[1]}",
-                   'CMD ["/lib/systemd/systemd"]', "ENV container=docker"]
-        import_args = ["import"]
+        import_args = ["import", "--change", f"LABEL {LAB_LABEL}.base-recipe={tag.split(':')[1]}"]
         for change in changes:
             import_args += ["--change", change]
         docker(*import_args, str(rootfs), tag)
-    docker("tag", tag, f"{IMAGE_REPO}:latest")
     print(f"built image {tag} in {time.monotonic() - started:.0f} s")
     return tag
+
+
+def build_image(ca_bundle: Path | None) -> str:
+    hooks = [
+        # A container has no console or udev; these units only slow boot or fail there.
+        'chroot "$1" systemctl mask getty@tty1.service systemd-udevd.service systemd-logind.service '
+        "systemd-remount-fs.service sys-kernel-config.mount console-getty.service",
+        'echo "onprem-lab" > "$1/etc/hostname"',
+    ]
+    if ca_bundle:
+        hooks.append(f'cp {ca_bundle} "$1/usr/local/share/ca-certificates/lab-extra.crt" && '
+                     'chroot "$1" update-ca-certificates')
+    # Keep the apt lists: with an empty lists folder, Ansible's apt cache_valid_time sees a "fresh" cache.
+    options = ["--skip=cleanup/apt/lists", *(f"--customize-hook={hook}" for hook in hooks)]
+    tag = debootstrap_image(image_recipe(debian_mirror(), ca_bundle), IMAGE_REPO, options,
+                            ['CMD ["/lib/systemd/systemd"]', "ENV container=docker"])
+    docker("tag", tag, f"{IMAGE_REPO}:latest")
+    return tag
+
+
+def build_trixie_root() -> str:
+    """The gateway image's Debian 13 root, built once per recipe; returns its tag."""
+    return debootstrap_image(trixie_recipe(debian_mirror()), TRIXIE_REPO, [], ['CMD ["/bin/bash"]'])
 
 
 def remove_stale_tags(repo: str, keep: set[str]) -> None:

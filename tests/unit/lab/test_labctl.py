@@ -159,9 +159,10 @@ def test_a_rebuilt_image_is_saved_again_and_replaces_only_its_own_tag_in_the_cac
 
 
 def test_a_cache_on_another_filesystem_falls_back_to_saving(fake_save, tmp_path, monkeypatch):
-    fake_save.content["haproxy:3.4.4-trixie"] = "gateway"
-    dest = tmp_path / "share" / "haproxy_3.4.4-trixie.tar"
-    kept = tmp_path / "cache" / ("haproxy_3.4.4-trixie." + "c" * 16 + ".tar")  # another checkout's, on its filesystem
+    tag = "onprem-vllm-lab/haproxy:3.0.11-trixie"
+    fake_save.content[tag] = "gateway"
+    dest = tmp_path / "share" / "haproxy_3.0.11-trixie.tar"
+    kept = tmp_path / "cache" / ("haproxy_3.0.11-trixie." + "c" * 16 + ".tar")  # another checkout's, on its filesystem
     kept.parent.mkdir()
     kept.write_text("older gateway")
 
@@ -170,8 +171,8 @@ def test_a_cache_on_another_filesystem_falls_back_to_saving(fake_save, tmp_path,
 
     monkeypatch.setattr(labctl.os, "link", cross_device)
     for attempt in ("first", "second"):
-        assert labctl.save_image_archive("haproxy:3.4.4-trixie", "sha256:" + "b" * 64, dest) == "saved", attempt
-    assert dest.read_text() == "gateway" and fake_save.saves == ["haproxy:3.4.4-trixie"] * 2
+        assert labctl.save_image_archive(tag, "sha256:" + "b" * 64, dest) == "saved", attempt
+    assert dest.read_text() == "gateway" and fake_save.saves == [tag] * 2
     assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # the cache is left as it was
 
 

@@ -17,6 +17,7 @@ that need the lab share, after the lab's artifacts are built.
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -34,8 +35,10 @@ import yaml
 pytestmark = [pytest.mark.needs_docker, pytest.mark.needs_lab_share]
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-with open(os.path.join(ROOT, "roles", "gateway", "defaults", "main.yml")) as _defaults:
-    GATEWAY_IMAGE = "haproxy:" + yaml.safe_load(_defaults)["gateway_image_tag"]
+# The image the lab runs (HAProxy 3.0 from Debian 13, lab/build_gateway_image.py), as the fleet scenario names it.
+with open(os.path.join(ROOT, "molecule", "fleet", "lab_overlay.yml")) as _overlay:
+    _OVERLAY = yaml.safe_load(_overlay)
+    GATEWAY_IMAGE = "%s:%s" % (_OVERLAY["gateway_image"], _OVERLAY["gateway_image_tag"])
 with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "plan.yml")) as _plan:
     _PLAN = yaml.safe_load(_plan)
     SERVING_IMAGE = "%s:%s" % (_PLAN["onprem_vllm_image"], _PLAN["onprem_vllm_image_tag"])
@@ -58,7 +61,7 @@ DEPLOYMENTS = [
 
 RENDER = """
 - name: Render the gateway's files
-  hosts: gw
+  hosts: gw,gw_other
   gather_facts: false
   tasks:
     - name: Check the settings (and load the role's defaults and vars)
@@ -517,6 +520,32 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _self_signed_pem(name):
+    """A throwaway certificate for name and its key, as the role writes them to tls.pem."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM).decode(),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()).decode())
+
+
+def _haproxy_check(config):
+    """HAProxy's own check of a folder of rendered files, warnings made errors (-dW)."""
+    return _docker("run", "--rm", "--network", "none", "-v", "%s:/usr/local/etc/haproxy:ro" % config, GATEWAY_IMAGE,
+                   "-dW", "-c", "-f", "/usr/local/etc/haproxy/haproxy.cfg", check=False)
+
+
 def canary_token(backend, server):
     """The undrain's canary token for a server of a backend (what haproxy.cfg.j2 derives)."""
     return hashlib.sha256(("%s:canary:%s/%s" % (SERVER_KEY, backend, server)).encode()).hexdigest()
@@ -531,11 +560,12 @@ def gateway(tmp_path_factory):
         pytest.fail("the lab's images %s are missing: run make lab-artifacts" % ", ".join(missing))
     tmp = tmp_path_factory.mktemp("gateway-routing")
     prefix = "onprem-gwtest-" + uuid.uuid4().hex[:8]
-    config, runtime, state = tmp / "config", tmp / "runtime", tmp / "state"
-    for folder in (config, runtime, state):
+    config, runtime, state, other = tmp / "config", tmp / "runtime", tmp / "state", tmp / "config-other"
+    for folder in (config, runtime, state, other):
         folder.mkdir()
     runtime.chmod(0o777)  # HAProxy (uid 99 in the image) makes its admin socket there
     port = _free_port()
+    tls_cert, tls_key = _self_signed_pem("gw-other")
     common = {"ansible_connection": "local", "ansible_python_interpreter": os.path.abspath(sys.executable)}
     inventory = {"all": {
         "vars": {"onprem_vllm_deployments": DEPLOYMENTS, "onprem_vllm_served_model_name": "unused",
@@ -556,14 +586,24 @@ def gateway(tmp_path_factory):
                                         {"name": "limited", "key": LIMITED_KEY, "models": ["tiny-chat"]},
                                         {"name": "noisy", "key": NOISY_KEY, **NOISY_LIMITS},
                                         {"name": "sized", "key": SIZED_KEY, "max_body_bytes": 4096},
-                                        {"name": "roomy", "key": ROOMY_KEY, "max_body_bytes": 2 * BUFFER}]}}}}}}
+                                        {"name": "roomy", "key": ROOMY_KEY, "max_body_bytes": 2 * BUFFER}]}}},
+            # Only rendered and checked: the template's other branches (TLS, no metrics frontend, no bound per
+            # source, no client limits).
+            "gateway_variants": {"hosts": {"gw_other": {
+                "out": str(other), "templates": os.path.join(ROOT, "roles", "gateway", "templates"),
+                "gateway_image_tag": GATEWAY_IMAGE.split(":", 1)[1], "gateway_tls_certificate": tls_cert,
+                "gateway_tls_key": tls_key, "gateway_metrics_port": 0, "gateway_max_connections_per_source": 0,
+                "gateway_client_keys": [{"name": "full", "key": FULL_KEY}]}}}}}}
     (tmp / "hosts.yml").write_text(json.dumps(inventory))
     (tmp / "render.yml").write_text(RENDER)
     (tmp / "stand_in.py").write_text(STAND_IN)
     (tmp / "client.py").write_text(CLIENT)
     rc, tasks = _ansible_playbook(tmp / "hosts.yml", tmp / "render.yml")
     assert rc == 0, _failures(tasks)
-    config.chmod(0o755)
+    (other / "tls.pem").write_text(tls_cert + tls_key)
+    for folder in (config, other):
+        folder.chmod(0o755)
+    config_checks = {"routing": _haproxy_check(config), "other branches": _haproxy_check(other)}
 
     network = prefix + "-net"
     containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client", "flood")]
@@ -605,8 +645,8 @@ def gateway(tmp_path_factory):
             with urllib.request.urlopen(request, timeout=30) as answer:
                 during_flood = {"status": answer.status, "seconds": time.monotonic() - started}
             flooded = json.loads(flood.stdout.read())
-        yield {"config": config, "outcomes": outcomes, "drain_rc": drain_rc, "drain_tasks": drain_tasks,
-               "flooded": flooded, "during_flood": during_flood,
+        yield {"config": config, "config_checks": config_checks, "outcomes": outcomes, "drain_rc": drain_rc,
+               "drain_tasks": drain_tasks, "flooded": flooded, "during_flood": during_flood,
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
                "log": _gateway_log(prefix + "-gw")}
     finally:
@@ -796,6 +836,12 @@ def test_a_client_over_its_body_size_gets_413(gateway):
     assert outcomes["noisy_small_body"]["status"] == 200
 
 
+@pytest.mark.parametrize("config", ["routing", "other branches"])
+def test_each_rendered_configuration_passes_haproxys_check_without_a_warning(gateway, config):
+    check = gateway["config_checks"][config]
+    assert check.returncode == 0 and "[WARNING]" not in check.stderr, check.stdout + check.stderr
+
+
 def test_the_gateways_files_hold_no_client_key(gateway):
     """The clients map holds each key's SHA-256; every request above was authorized through it."""
     for name in ("clients.map", "haproxy.cfg"):
@@ -851,7 +897,7 @@ def test_a_keyed_client_whose_body_does_not_come_gets_408_after_the_body_timeout
 
 
 def test_the_gateways_own_errors_are_openai_error_objects(gateway):
-    # HAProxy 3.4's HTTP parser answers a malformed request from the errorfile; the lab's image (2.6) still sends its
+    # HAProxy 3.4's HTTP parser answers a malformed request from the errorfile; the lab's image (3.0) still sends its
     # own page. Each file is a well-formed answer, and HAProxy answers a drained backend's request from its own.
     assert gateway["outcomes"]["malformed"]["status"] == 400
     for status in (400, 408, 502, 503, 504):
