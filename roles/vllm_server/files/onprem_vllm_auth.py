@@ -50,9 +50,10 @@ CHECK_VALUE = re.compile(rb"^([A-Za-z0-9_.-]{1,64});fall=([0-9]{1,3})$")
 MAX_CHECKERS = 64
 _UNAUTHORIZED = json.dumps({"error": {"message": "missing or wrong API key", "type": "invalid_request_error",
                                       "code": 401}}).encode()
-_CHECK_KEY_REFUSED = json.dumps({"error": {"message": "a health check with a key this server does not hold: the "
-                                             "caller's key is missing from the server's key file",
-                                             "type": "invalid_request_error", "code": 401}}).encode()
+_CHECK_KEY_REFUSED = json.dumps({"error": {
+    "message": "a health check with a key this server does not hold: the caller's key is missing from the server's "
+               "key file",
+    "type": "invalid_request_error", "code": 401}}).encode()
 _DRAINING = json.dumps({"status": "draining: the host is shutting down"}).encode()
 _GPU_FAULT = json.dumps({"status": "out of rotation: a GPU of this host reported a critical Xid"}).encode()
 

@@ -101,8 +101,8 @@ def test_against_the_real_middleware(tmp_path, asgi_call):
 
     def gateway_checks():
         while not stop.wait(0.2):
-            request = urllib.request.Request(base + "/health", headers={"X-Onprem-Check": "gw1;fall=2",
-                                                                     "Authorization": "Bearer lab-key-0123456789abcdef"})
+            request = urllib.request.Request(base + "/health", headers={
+                "X-Onprem-Check": "gw1;fall=2", "Authorization": "Bearer lab-key-0123456789abcdef"})
             try:
                 urllib.request.urlopen(request, timeout=5).close()
             except OSError:
