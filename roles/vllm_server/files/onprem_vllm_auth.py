@@ -15,7 +15,9 @@ down), GET /health answers 503: the gateways' health checks take the host out of
 already has finish, before vLLM itself is stopped. A gateway's check says who it is and after how many failed checks
 it stops sending (`X-Onprem-Check: <gateway>;fall=<n>`), and GET /onprem/drain (open: counts and gateway names only)
 tells the drain how many checks each gateway has had refused and how many requests the server is answering, so the
-drain waits for the gateways' own verdict instead of a guessed time.
+drain waits for the gateways' own verdict instead of a guessed time. The server remembers every gateway that checks
+it, before a drain too: a gateway that was checking when the drain began is waited for from the first poll, not only
+once its next check arrives.
 
 A gateway's check carries the gateway's key, and proves it: a check whose key this server does not hold is answered 401
 (the gateway takes the server out of rotation instead of sending it requests it would refuse, and its exporter's
@@ -72,10 +74,10 @@ class BearerKeyMiddleware:
         self.app = app
         self.drain_file = drain_file or os.environ.get(DRAIN_FILE_ENV, "")
         self.fault_file = fault_file or os.environ.get(FAULT_FILE_ENV, "")
-        # Requests past the guard and not answered yet (streams until their last chunk), and, while the host drains,
-        # {gateway: [checks refused, the gateway's fall, when the last one came (monotonic)]}.
+        # Requests past the guard and not answered yet (streams until their last chunk); every keyed gateway's
+        # {gateway: [checks refused while the host drains, the gateway's fall, when its last check came (monotonic)]}.
         self.in_flight = 0
-        self.refused: dict[str, list[int]] = {}
+        self.refused: dict[str, list] = {}
         self.key_file = key_file or os.environ.get(KEY_FILE_ENV, DEFAULT_KEY_FILE)
         self._key_stamp = None
         self._key_error = ""
@@ -135,23 +137,22 @@ class BearerKeyMiddleware:
         return (bool(self.drain_file) and os.path.exists(self.drain_file)) or self.gpu_fault()
 
     def health_check(self, scope, keyed: bool = False) -> bool:
-        """GET /health while the host drains: refused, and counted when a keyed gateway's check says who it is."""
-        if not self.draining():
-            self.refused.clear()  # back in service: a later drain counts afresh
-            return False
+        """GET /health: a keyed gateway's check is noted (who, its fall, when); while the host drains it is refused
+        and counted."""
+        draining = self.draining()
         for name, value in (scope.get("headers") or ()) if keyed else ():
             match = CHECK_VALUE.match(value) if name.lower() == CHECK_HEADER else None
             if match and (match.group(1).decode() in self.refused or len(self.refused) < MAX_CHECKERS):
                 entry = self.refused.setdefault(match.group(1).decode(), [0, 0, 0.0])
-                entry[0] += 1
+                entry[0] = entry[0] + 1 if draining else 0  # back in service: a later drain counts afresh
                 entry[1:] = [int(match.group(2)), time.monotonic()]
-        return True
+        return draining
 
     def drain_status(self) -> bytes:
         draining, now = self.draining(), time.monotonic()
         return json.dumps({"draining": draining, "gpu_fault": self.gpu_fault(), "in_flight": self.in_flight,
                            "checks": {name: {"refused": refused, "fall": fall, "idle_s": round(now - last, 1)}
-                                      for name, (refused, fall, last) in (self.refused if draining else {}).items()}
+                                      for name, (refused, fall, last) in self.refused.items()}
                            }).encode()
 
     async def __call__(self, scope, receive, send):

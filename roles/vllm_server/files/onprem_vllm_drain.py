@@ -3,11 +3,13 @@
 ExecStop; standard library only, run by the host's python3).
 
 Writes the drain flag, which the servers' middleware (onprem_vllm_auth.py) turns into 503 on /health. Then waits, at
-most --timeout seconds, until every server is out: each gateway whose health checks reached it has had as many checks
-refused as it needs to stop sending (its `fall`, which its checks state) or has stopped checking for --min-wait
-seconds, and the server answers no request. Servers report both on GET /onprem/drain. A gateway that has not checked
-yet is not known, so the wait is at least --min-wait seconds (longer than the gateways' check interval), and the
-servers must be out on two polls in a row (a request the gateway sent just before its verdict has arrived by then).
+most --timeout seconds, until every server is out: each gateway whose health checks reached it (before the drain too:
+the middleware remembers every gateway that checks it with the key) has had as many checks refused as it needs to stop
+sending (its `fall`, which its checks state) or has stopped checking for --min-wait seconds (the server is in
+maintenance there, or the gateway is gone), and the server answers no request. Servers report both on GET
+/onprem/drain. The wait is at least --min-wait seconds (longer than the gateways' check interval), and the servers must
+be out on two polls in a row (a request the gateway sent just before its verdict has arrived by then). A server whose
+status cannot be read (a timeout: busy, not stopped) is not out; one that refuses the connection has stopped.
 Only then does the shutdown go on to stop the servers: no request is cut. `systemctl start onprem-vllm-drain`
 removes the flag (the service's ExecStart), and /run is empty after a boot anyway.
 """
@@ -24,16 +26,24 @@ import urllib.request
 STATUS_PATH = "/onprem/drain"
 
 
+# A status that could not be read although the server is there (it timed out): not out, ask again.
+UNREADABLE = {"unreadable": True}
+
+
 def read_status(server: str) -> dict | None:
-    """A server's drain status; None when it does not answer (stopped, or not started yet): nothing to wait for there.
+    """A server's drain status; None when nothing listens (stopped, or not started yet): nothing to wait for there.
     A server whose middleware predates the status (an error answer) reports nothing: only --min-wait holds for it."""
     try:
         with urllib.request.urlopen(server.rstrip("/") + STATUS_PATH, timeout=5) as resp:
             return json.loads(resp.read().decode())
     except urllib.error.HTTPError:
         return {}
-    except (OSError, ValueError):
+    except urllib.error.URLError as exc:
+        return None if isinstance(exc.reason, ConnectionRefusedError) else dict(UNREADABLE)
+    except ConnectionRefusedError:
         return None
+    except (OSError, ValueError):
+        return dict(UNREADABLE)
 
 
 def is_out(status: dict | None, min_wait: float) -> bool:
@@ -42,6 +52,8 @@ def is_out(status: dict | None, min_wait: float) -> bool:
     either."""
     if status is None:
         return True
+    if status.get("unreadable"):
+        return False
     checks = status.get("checks", {}).values()
     return status.get("in_flight", 0) == 0 and all(
         check["refused"] >= check["fall"] or check.get("idle_s", 0) >= min_wait for check in checks)

@@ -172,8 +172,9 @@ def test_during_a_rotation_both_keys_are_served_and_no_other(tmp_path, call):
 
 
 def test_the_drain_status_counts_each_gateways_refused_checks(tmp_path, call):
-    """While the host drains, /health refuses every check; a check that names its gateway and fall is counted, one
-    with a malformed header is refused but not counted. Out of the drain the counts start afresh."""
+    """Every keyed check that names its gateway and fall is noted, before a drain too (the drain then knows which
+    gateways to wait for from its first poll); while the host drains, /health refuses every check and counts the
+    named ones, a malformed header is refused but not counted. Out of the drain the counts start afresh."""
     key_file, flag = tmp_path / "key", tmp_path / "draining"
     key_file.write_text(KEY + "\n")
     guard = auth.BearerKeyMiddleware(_inner, key_file=str(key_file), drain_file=str(flag))
@@ -187,8 +188,10 @@ def test_the_drain_status_counts_each_gateways_refused_checks(tmp_path, call):
         assert sent[0]["status"] == 200
         return json.loads(sent[1]["body"])
 
-    assert check("gw1;fall=2") == 200 and status() == {"draining": False, "gpu_fault": False, "in_flight": 0, "checks": {}}
+    assert status() == {"draining": False, "gpu_fault": False, "in_flight": 0, "checks": {}}
+    assert check("gw1;fall=2") == 200 and status()["checks"]["gw1"]["refused"] == 0
     flag.touch()
+    assert status()["checks"]["gw1"] == {"refused": 0, "fall": 2, "idle_s": 0.0}  # known before its next check
     for value in ("gw1;fall=2", "gw1;fall=2", "gw2;fall=3", "gw 3;fall=2", "gw4", "gw5;fall=x"):
         assert check(value) == 503
     seen = status()
@@ -199,7 +202,7 @@ def test_the_drain_status_counts_each_gateways_refused_checks(tmp_path, call):
     flag.unlink()
     assert check("gw1;fall=2") == 200
     flag.touch()
-    assert status()["checks"] == {}
+    assert {name: entry["refused"] for name, entry in status()["checks"].items()} == {"gw1": 0, "gw2": 1}
 
 
 def test_the_drain_status_table_is_bounded(tmp_path):

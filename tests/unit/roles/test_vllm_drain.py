@@ -9,6 +9,7 @@ import http.server
 import importlib.util
 import json
 import os
+import socket
 import threading
 import urllib.request
 
@@ -63,6 +64,39 @@ def test_no_gateway_checks_and_idle_waits_the_minimum(tmp_path, fake_clock):
 def test_a_stopped_server_or_an_older_middleware_waits_the_minimum(tmp_path, fake_clock):
     waited, last = run(tmp_path, fake_clock, [None, {}] * 100, min_wait=5.0, servers=2)
     assert waited == 5.0 and last == [None, {}]
+
+
+def test_a_gateway_known_before_the_drain_is_waited_for_until_its_verdict(tmp_path, fake_clock):
+    """gw1 checked the server just before the flag: it is in the table with nothing refused yet, so the drain waits
+    for its fall (at 7 s here, past the minimum) instead of ending at the minimum."""
+    statuses = ([status(gw1=0)] * 10 + [status(gw1=1)] * 4 + [status(gw1=2)] * 10)
+    waited, last = run(tmp_path, fake_clock, statuses, min_wait=5.0)
+    assert waited == 7.5 and last == [status(gw1=2)]
+
+
+def test_a_status_that_times_out_is_not_drained(tmp_path, fake_clock):
+    """A busy server whose status read timed out is asked again, not counted out; a stopped one (nothing listens)
+    is."""
+    statuses = [dict(drain.UNREADABLE)] * 12 + [status()] * 10
+    waited, _last = run(tmp_path, fake_clock, statuses, min_wait=1.0)
+    assert waited == 6.5
+    assert drain.is_out(None, 1.0) and not drain.is_out(dict(drain.UNREADABLE), 1.0)
+
+
+def test_read_status_tells_a_stopped_server_from_a_slow_one(tmp_path):
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    assert drain.read_status("http://127.0.0.1:%d" % port) is None  # nothing listens: connection refused
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)  # accepts, never answers
+        original = drain.urllib.request.urlopen
+        drain.urllib.request.urlopen = lambda url, timeout: original(url, timeout=0.5)
+        try:
+            assert drain.read_status("http://127.0.0.1:%d" % silent.getsockname()[1]) == drain.UNREADABLE
+        finally:
+            drain.urllib.request.urlopen = original
 
 
 def test_it_gives_up_at_the_timeout(tmp_path, fake_clock):
