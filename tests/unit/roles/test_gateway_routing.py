@@ -45,6 +45,7 @@ with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "pla
 
 BUFFER = 131072
 PER_SOURCE = 20  # connections one client address may hold
+FLOOD_CONNECTIONS = 5000  # slow connections one address opens (the flood), each a request head that never ends
 SERVER_KEY = "server-key-0123456789abcdef"
 FULL_KEY, LIMITED_KEY = "full-key-0123456789abcdef", "limited-key-0123456789abcdef"
 NOISY_KEY, SIZED_KEY = "noisy-key-0123456789abcdef", "sized-key-0123456789abcdef"
@@ -639,7 +640,7 @@ def gateway(tmp_path_factory):
         (tmp / "flood.py").write_text(FLOOD)
         with subprocess.Popen(["docker", "run", "--rm", "--name", prefix + "-flood", "--network", network,
                                "-v", "%s:/test:ro" % tmp, "--entrypoint", "python3", SERVING_IMAGE, "/test/flood.py",
-                               prefix + "-gw", str(2 * PER_SOURCE)], stdout=subprocess.PIPE, text=True) as flood:
+                               prefix + "-gw", str(FLOOD_CONNECTIONS)], stdout=subprocess.PIPE, text=True) as flood:
             assert flood.stdout.readline().strip() == "holding"
             started = time.monotonic()
             with urllib.request.urlopen(request, timeout=30) as answer:
@@ -909,11 +910,14 @@ def test_the_gateways_own_errors_are_openai_error_objects(gateway):
 
 
 def test_one_address_holds_a_bounded_number_of_connections_each_for_seconds(gateway):
+    """One address opens 5,000 connections, each a request head that never ends, and no key: the gateway holds
+    PER_SOURCE of them for gateway_timeout_http_request and refuses the rest at accept; a keyed client elsewhere is
+    answered at once meanwhile."""
     flooded = gateway["flooded"]
-    assert len(flooded) == 2 * PER_SOURCE, flooded  # every connection ended
-    refused = [one for one in flooded if one["status"] is None and one["seconds"] < 2]
+    assert len(flooded) == FLOOD_CONNECTIONS, len(flooded)  # every connection ended
+    refused = [one for one in flooded if one["status"] is None]
     held = [one for one in flooded if one["status"] == "408"]
-    assert len(refused) == len(held) == PER_SOURCE, flooded  # the bound, and the rest refused at accept
+    assert len(held) == PER_SOURCE and len(refused) == FLOOD_CONNECTIONS - PER_SOURCE, (len(held), len(refused))
     assert max(one["seconds"] for one in held) < 5 + 2, held  # gateway_timeout_http_request, 5 s
     during = gateway["during_flood"]
     assert during["status"] == 200 and during["seconds"] < 2, during  # a keyed client elsewhere meanwhile
