@@ -1,7 +1,9 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """HTTP probes for security_checks.yml, run on a lab host. Reads the requests (with their keys) as JSON on stdin,
 so no key is a process argument; prints one JSON line per request: name, status (0 = no HTTP answer), whether the
-answer named a backend, whether it held a completion. Never prints a request's key."""
+answer named a backend, whether it held a completion, and whether a text the answer must not hold ("absent") was
+absent. A request may carry more headers and may send its body chunked (no Content-Length). Never prints a request's
+key."""
 import json
 import ssl
 import sys
@@ -14,7 +16,10 @@ def one(spec):
     headers = {"Content-Type": "application/json"}
     if spec.get("key") is not None:
         headers["Authorization"] = "Bearer " + spec["key"]
+    headers.update(spec.get("headers") or {})
     body = json.dumps(spec["body"]).encode() if spec.get("body") is not None else None
+    if body is not None and spec.get("chunked"):
+        body = iter([body[i:i + 65536] for i in range(0, len(body), 65536)])  # urllib sends it chunked
     context = ssl.create_default_context(cafile=spec["cafile"]) if spec.get("cafile") else None
     request = urllib.request.Request(spec["url"], data=body, headers=headers, method=spec.get("method", "POST"))
     deadline = time.monotonic() + spec.get("wait_s", 0)
@@ -34,7 +39,8 @@ def one(spec):
         except (ValueError, AttributeError):
             completion = False
         return {"name": spec["name"], "status": status, "completion": completion,
-                "backend_header": any(h.lower() == "x-onprem-backend" for h in names)}
+                "backend_header": any(h.lower() == "x-onprem-backend" for h in names),
+                "absent": not spec.get("absent") or spec["absent"] not in text}
 
 
 for spec in json.load(sys.stdin):
