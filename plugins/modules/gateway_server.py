@@ -15,8 +15,8 @@ description:
     HAProxy would otherwise report at once the health it had before), so with O(wait) the module returns only once
     HAProxy's own checks have passed again after the undrain. A server that does not come UP in time is put back in
     maintenance (it stays drained) and the module fails.
-  - With O(hold), a drain of a backend's last server in rotation first puts the backend on hold at the gateway: its
-    requests wait there (at most O(hold) seconds) until a server of the backend is UP again, instead of getting 503.
+  - With O(hold), a drain of a backend's last server in rotation first puts the backend on hold at the gateway, where
+    its requests wait (at most O(hold) seconds) until a server of the backend is UP again, instead of getting 503.
     C(state=ready) ends a hold of the backend once the server is UP, and returns what it held.
 options:
   socket:
