@@ -113,6 +113,17 @@ DRAIN_UNDRAIN = """
       vars:
         gateway_hold_timeout: "{{ 0 if inventory_hostname == 'chat1' else 60 }}"
 
+    - name: Put chat on a hold of 5 s by hand (it has no server UP, so its request waits, then gets the 503)
+      ansible.builtin.command:
+        argv: [python3, -c, "{{ hold_by_hand }}"]
+      vars:
+        hold_by_hand: >-
+          import socket; s = socket.socket(socket.AF_UNIX); s.connect('{{ hostvars.gw.gateway_runtime_dir }}/admin.sock');
+          s.sendall(b'onprem hold vllm-chat 5\\n'); print(s.recv(4096).decode())
+      register: hold_by_hand
+      changed_when: true
+      run_once: true
+
     - name: Ask for the chat model while its only host is drained
       ansible.builtin.uri:
         url: "http://127.0.0.1:{{ hostvars.gw.gateway_port }}/v1/chat/completions"
@@ -907,6 +918,10 @@ def test_the_gateways_own_errors_are_openai_error_objects(gateway):
         assert ("Retry-After: 5" in head) == (status in (503, 504))
     drained = gateway["drain_tasks"]["Ask for the chat model while its only host is drained"]["chat1"]
     assert drained["json"]["error"]["type"] == "ServiceUnavailableError" and drained["retry_after"] == "5", drained
+    # It waited out most of the 5 s hold put on by hand first: a hold ends in the same JSON 503, never in a longer wait.
+    held = gateway["drain_tasks"]["Put chat on a hold of 5 s by hand (it has no server UP, so its request waits, then gets the 503)"]
+    assert '"backend":"vllm-chat"' in held["chat1"]["stdout"], held
+    assert 2 <= drained["elapsed"] < 10, drained
 
 
 def test_one_address_holds_a_bounded_number_of_connections_each_for_seconds(gateway):
