@@ -25,6 +25,7 @@ Codes not in the table are reported with severity ``warn`` and the note "not in 
 
 from __future__ import annotations
 
+import datetime
 import re
 import struct
 
@@ -137,6 +138,68 @@ def summarize_xids(events, gpu_bus_ids=None):
         elif event["severity"] == "warn":
             warnings.append(text)
     return blocking, warnings
+
+
+# "2026-12-05T09:00:00+0000" (journalctl -o short-iso), "...T09:00:00.123456+00:00" (short-iso-precise, rsyslog's
+# RFC 3339 files), "...Z". A time without its offset is not read: whose zone it is, the log does not say.
+_ISO_TIME_RE = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})[T ](?P<time>\d{2}:\d{2}:\d{2})(?P<fraction>[.,]\d+)?"
+                          r"(?P<offset>Z|[+-]\d{2}:?\d{2})")
+# dmesg's own stamp: seconds since boot, "[  269.517039]".
+_UPTIME_RE = re.compile(r"^\[\s*(?P<seconds>\d+\.\d+)\]")
+
+
+def parse_time(value):
+    """Seconds since the epoch from a number, a number as text, or an ISO 8601 time with its offset
+    (2026-12-05T09:00:00+01:00, ...Z). Raises ValueError for anything else, a time without offset included."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = _ISO_TIME_RE.match(text)
+    if not match or match.end() != len(text):
+        raise ValueError("%r is not seconds since the epoch nor an ISO 8601 time with its offset "
+                         "(e.g. 2026-12-05T09:00:00+01:00 or 2026-12-05T08:00:00Z)" % (value,))
+    offset = match.group("offset")
+    if offset == "Z":
+        zone = datetime.timezone.utc
+    else:
+        sign = -1 if offset[0] == "-" else 1
+        digits = offset[1:].replace(":", "")
+        zone = datetime.timezone(sign * datetime.timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+    stamp = datetime.datetime.strptime(match.group("date") + "T" + match.group("time"), "%Y-%m-%dT%H:%M:%S")
+    fraction = float("0." + match.group("fraction")[1:]) if match.group("fraction") else 0.0
+    return stamp.replace(tzinfo=zone).timestamp() + fraction
+
+
+def xid_event_time(event, boot_time=None):
+    """When the event's line was logged (seconds since the epoch), from its log_prefix: an ISO 8601 stamp with its
+    offset (the journal's short-iso), or dmesg's seconds since boot when boot_time (the boot's epoch seconds) is given.
+    None when the line does not say (a syslog or dmesg --ctime stamp has no year or zone, a bare line no stamp)."""
+    prefix = event.get("log_prefix") or ""
+    match = _ISO_TIME_RE.match(prefix)
+    if match:
+        return parse_time(match.group(0))
+    match = _UPTIME_RE.match(prefix)
+    if match and boot_time is not None:
+        return boot_time + float(match.group("seconds"))
+    return None
+
+
+def xids_logged_after(events, after, boot_time=None):
+    """(events that count, events left out): an event logged at or before `after` (seconds since the epoch, compared
+    to the second: the journal's stamps and the fault flag's times are whole seconds) is left out; one logged later,
+    or whose time its line does not say, counts."""
+    counted, left_out = [], []
+    for event in events:
+        logged = xid_event_time(event, boot_time)
+        if logged is not None and int(logged) <= int(after):
+            left_out.append(event)
+        else:
+            counted.append(event)
+    return counted, left_out
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -44,6 +44,16 @@ options:
     type: list
     elements: int
     default: []
+  xids_after:
+    description:
+      - Only Xid events logged after this time count (seconds since the epoch, or ISO 8601 with its offset, e.g.
+        C(2026-12-05T09:00:02+00:00)); those logged at or before it are left out (C(kernel_log.xids_left_out)).
+        C(playbooks/gpu_return.yml) passes the time of the GPU fault that took the host out, so a GPU reset without a
+        reboot can return while the fault's Xids are still in this boot's log.
+      - The journal's lines carry their time; dmesg's seconds since boot are read against the boot time
+        (C(/proc/stat) C(btime)). A line whose time is not in it (a syslog or C(dmesg --ctime) stamp, which has no
+        year or zone, or no stamp) still counts.
+    type: str
   gpu_uuids:
     description:
       - Only check these GPUs. A UUID that is not present fails the module with a clear message.
@@ -136,7 +146,9 @@ xid_events:
   type: list
   elements: dict
 kernel_log:
-  description: Where the kernel log came from (source), whether it was read (readable), lines read and a message.
+  description:
+    - Where the kernel log came from (source), whether it was read (readable), lines read and a message.
+    - With O(xids_after), also xids_after (as given) and xids_left_out (the Xid events logged at or before it).
   returned: always
   type: dict
 iommu:
@@ -171,6 +183,7 @@ ARGUMENT_SPEC = dict(
     kernel_log_path=dict(type="path"),
     kernel_log_source=dict(type="str", default="auto", choices=["auto", "journal", "dmesg", "none"]),
     ignore_xids=dict(type="list", elements="int", default=[]),
+    xids_after=dict(type="str"),
     gpu_uuids=dict(type="list", elements="str"),
     check_acs=dict(type="bool", default=True),
     host_root=dict(type="path", default="/"),
@@ -213,6 +226,18 @@ def read_kernel_log(module, params):
             tried.append("dmesg not found")
     return None, {"source": source, "readable": False,
                   "msg": "kernel log not readable (%s); run with become: true or set kernel_log_path" % "; ".join(tried)}
+
+
+def read_boot_time(host_root):
+    """When this boot began (seconds since the epoch, /proc/stat btime); None when it cannot be read."""
+    try:
+        with open(os.path.join(host_root, "proc/stat")) as handle:
+            for line in handle:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def bridges_above(host_root, bus_id):
@@ -293,18 +318,29 @@ def run_module(module):
         warnings.extend(warn)
 
     # Kernel log / Xid
+    xids_after = None
+    if params["xids_after"]:
+        try:
+            xids_after = checks.parse_time(params["xids_after"])
+        except ValueError as exc:
+            module.fail_json(msg="xids_after: %s" % exc)
     text, log_info = read_kernel_log(module, params)
     events = []
     if text is not None:
         events = checks.parse_xid_events(text, ignore=params["ignore_xids"])
         log_info["lines"] = text.count("\n")
+        counted = events
+        if xids_after is not None:
+            boot_time = read_boot_time(host_root) if log_info["source"] == "dmesg" else None
+            counted, left_out = checks.xids_logged_after(events, xids_after, boot_time)
+            log_info.update(xids_after=params["xids_after"], xids_left_out=len(left_out))
         bus_filter = None
         if params["gpu_uuids"]:
             known = set(normalize_pci_bus_id(g.get("pci_bus_id")) for g in gpus)
             wanted = set(normalize_pci_bus_id(g.get("pci_bus_id")) for g in checked)
             # keep events of the chosen GPUs and of GPUs that are gone (a GPU lost by Xid 79 is no longer listed)
             bus_filter = wanted | set(e["pci_bus_id"] for e in events if e["pci_bus_id"] not in known)
-        block, warn = checks.summarize_xids(events, bus_filter)
+        block, warn = checks.summarize_xids(counted, bus_filter)
         reasons.extend(block)
         warnings.extend(warn)
     elif gpus:

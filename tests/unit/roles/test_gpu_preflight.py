@@ -12,6 +12,7 @@ import pytest
 FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "gpu"))
 FAKE_SMI = os.path.join(FIXTURES, "fake-nvidia-smi")
 CLEAN_LOG = os.path.join(FIXTURES, "kernel-logs", "clean.log")
+JOURNAL_LOG = os.path.join(FIXTURES, "kernel-logs", "xid-journal.log")
 MODELS = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "models"))
 PLAYBOOK = """
 - name: Preflight under test
@@ -48,6 +49,12 @@ CASES = {
     "missing_uuid": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1, "gpu_preflight_gpu_uuids": ["GPU-gone"]}),
     "blocking_xid": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1,
                                  "gpu_preflight_kernel_log_path": os.path.join(FIXTURES, "kernel-logs", "xid-real.log")}),
+    # A return after a GPU reset (kernel-logs/xid-journal.log: the fault's Xid 48 at 09:00:00 UTC, 154 at 09:20, 79
+    # at 09:40): the fault's Xids do not count, a later one refuses the return and says what to do.
+    "return_after_reset": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1, "gpu_preflight_kernel_log_path": JOURNAL_LOG,
+                                       "gpu_preflight_xids_after": "2026-12-05T09:45:00+00:00"}),
+    "return_new_xid": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1, "gpu_preflight_kernel_log_path": JOURNAL_LOG,
+                                   "gpu_preflight_xids_after": "2026-12-05T09:30:00+00:00"}),
     "fp8_ampere": ("quad-3090-nvlink-pairs", {"gpu_preflight_tensor_parallel_size": 2, "gpu_preflight_quantization": "fp8"}),
     "fp8_hopper": ("h200-x1", {"gpu_preflight_tensor_parallel_size": 1, "gpu_preflight_quantization": "fp8"}),
     "foreign_memory": ("busy-h200", {"gpu_preflight_tensor_parallel_size": 1}),
@@ -152,6 +159,17 @@ def test_missing_uuid_fails_clearly(play):
 def test_blocking_xid_fails(play):
     rc, tasks = play("blocking_xid")
     assert rc != 0 and "GPU health check failed on blocking_xid: " in failure(tasks) and "Xid 79" in failure(tasks)
+
+
+def test_a_return_counts_only_the_xids_after_the_fault(play):
+    rc, tasks = play("return_after_reset")
+    assert rc == 0, failure(tasks)
+    rc, tasks = play("return_new_xid")
+    assert rc != 0
+    message = failure(tasks)
+    assert message.startswith("GPU health check failed on return_new_xid: Xid 79 on GPU 0000:02:00.0")
+    assert "Only Xids logged after 2026-12-05T09:30:00+00:00 count" in message
+    assert "set onprem_vllm_gpu_return_confirmed_after to the time the GPU was fixed" in message
 
 
 def test_fp8_on_ampere_warns(play):

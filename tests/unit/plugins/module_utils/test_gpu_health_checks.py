@@ -90,6 +90,71 @@ def test_comment_lines_are_not_events():
     assert checks.parse_xid_line("# CONSTRUCTED lines (not captured anywhere): the driver's line format") is None
 
 
+# ---------- Xids logged after a time (a GPU fault's return) ----------
+
+# The fault of kernel-logs/xid-journal.log (Xid 48 at 09:00:00 UTC), as the Xid monitor's flag saw it 2 s later.
+FAULT_SEEN = checks.parse_time("2026-12-05T09:00:02Z")
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("2026-12-05T09:00:00Z", 1796461200.0),
+    ("2026-12-05T10:00:00+01:00", 1796461200.0),
+    ("2026-12-05T10:00:00+0100", 1796461200.0),
+    ("2026-12-05 04:00:00.5-05:00", 1796461200.5),
+    ("1796461200", 1796461200.0),
+    (1796461200, 1796461200.0),
+])
+def test_times_with_their_zone_or_since_the_epoch(text, seconds):
+    assert checks.parse_time(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["2026-12-05T09:00:00", "Dec  5 09:00:00", "yesterday", "", True])
+def test_a_time_whose_zone_is_not_said_is_refused(text):
+    with pytest.raises(ValueError, match="ISO 8601 time with its offset"):
+        checks.parse_time(text)
+
+
+def test_journal_lines_carry_their_time_in_each_offset_form():
+    events = checks.parse_xid_events(read_log("xid-journal.log"))
+    assert [checks.xid_event_time(e) for e in events] == [
+        FAULT_SEEN - 2, FAULT_SEEN - 1, FAULT_SEEN - 2 + 1200.123456, FAULT_SEEN - 2 + 2400]
+
+
+def test_only_xids_after_the_fault_count():
+    """A GPU reset without a reboot leaves the fault's Xids in this boot's log: they are the fault's (at or before the
+    time the flag saw it), the later ones are new."""
+    events = checks.parse_xid_events(read_log("xid-journal.log"))
+    counted, left_out = checks.xids_logged_after(events, FAULT_SEEN)
+    assert [e["code"] for e in left_out] == [48, 43] and [e["code"] for e in counted] == [154, 79]
+    blocking, _warnings = checks.summarize_xids(counted)
+    assert [r.split(":")[0] for r in blocking] == ["Xid 154 on GPU 0000", "Xid 79 on GPU 0000"]
+    # The operator's confirmation that the GPU was fixed at 09:30 leaves out what the fix logged; 79 came later.
+    counted, _left_out = checks.xids_logged_after(events, checks.parse_time("2026-12-05T09:30:00Z"))
+    assert [e["code"] for e in counted] == [79]
+    # Compared to the second: a line in the same second as the cutoff is left out, the next second counts.
+    assert checks.xids_logged_after(events, FAULT_SEEN - 2 + 2400.9)[0] == []
+    assert [e["code"] for e in checks.xids_logged_after(events, FAULT_SEEN - 2 + 2399)[0]] == [79]
+
+
+def test_a_line_without_its_time_always_counts():
+    """A syslog stamp has no year nor zone, dmesg --ctime no zone, a bare line nothing: the line might be new."""
+    events = checks.parse_xid_events(read_log("xid-real.log"))
+    counted, left_out = checks.xids_logged_after(events, FAULT_SEEN + 10 ** 6)
+    assert counted == events and left_out == []
+
+
+def test_dmesg_seconds_since_boot_are_read_against_the_boot_time():
+    events = checks.parse_xid_events(read_log("xid-real.log"))[:3]  # [14328.198504] 31, [14370.687545] 62, 45
+    boot = FAULT_SEEN - 14370
+    assert checks.xid_event_time(events[1], boot) == pytest.approx(boot + 14370.687545)
+    counted, left_out = checks.xids_logged_after(events, FAULT_SEEN, boot_time=boot)
+    assert [e["code"] for e in left_out] == [31, 62, 45] and counted == []
+    counted, _left_out = checks.xids_logged_after(events, FAULT_SEEN - 1, boot_time=boot)
+    assert [e["code"] for e in counted] == [62, 45]
+    # Without the boot time, seconds since boot say nothing: the lines count.
+    assert checks.xids_logged_after(events, FAULT_SEEN)[0] == events
+
+
 # ---------- IOMMU ----------
 
 @pytest.mark.parametrize("cmdline,units,mode", [

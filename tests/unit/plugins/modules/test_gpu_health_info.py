@@ -14,9 +14,10 @@ LOGS = os.path.join(FIXTURES, "kernel-logs")
 
 @pytest.fixture
 def health(run_module):
-    """health(case, check=False, **args): the module, the fake nvidia-smi replaying the case."""
-    def run(case, check=False, **args):
-        env = {"FAKE_NVIDIA_SMI_CASE": os.path.join(FIXTURES, case)} if case else None
+    """health(case, check=False, _env=None, **args): the module, the fake nvidia-smi replaying the case (_env: more
+    environment for the ansible CLI)."""
+    def run(case, check=False, _env=None, **args):
+        env = dict({"FAKE_NVIDIA_SMI_CASE": os.path.join(FIXTURES, case)} if case else {}, **(_env or {})) or None
         return run_module("gpu_health_info", dict({"backend": "nvidia-smi", "nvidia_smi_path": FAKE_SMI}, **args), env,
                           check=check)
     return run
@@ -84,6 +85,51 @@ def test_unreadable_kernel_log_is_a_clear_failure(tmp_path, health):
     assert result["failed"] is True
     assert result["msg"].startswith("kernel_log_path %s is not readable" % (tmp_path / "missing.log"))
     assert "Traceback" not in str(result.get("exception", ""))  # ansible-core 2.21 adds a placeholder key
+
+
+def test_only_xids_after_the_given_time_count(health):
+    """A return after a GPU reset: the fault's Xids (48 at 09:00:00 UTC, 43 at 09:00:01) are still in this boot's
+    journal and are left out; those logged later (154 at 09:20, 79 at 09:40 on another GPU) still block."""
+    log = os.path.join(LOGS, "xid-journal.log")
+    after_fault = health("h200-x1", kernel_log_path=log, xids_after="2026-12-05T09:00:02+00:00")
+    assert after_fault["blocking"] is True
+    assert [r.split(" on ")[0] for r in after_fault["reasons"]] == ["Xid 154", "Xid 79"]
+    assert after_fault["kernel_log"]["xids_after"] == "2026-12-05T09:00:02+00:00"
+    assert after_fault["kernel_log"]["xids_left_out"] == 2
+    assert [e["code"] for e in after_fault["xid_events"]] == [48, 43, 154, 79]  # every event found is reported
+    assert health("h200-x1", kernel_log_path=log, xids_after="2026-12-05T09:45:00Z")["blocking"] is False
+    assert [r.split(" on ")[0] for r in health("h200-x1", kernel_log_path=log)["reasons"]] == ["Xid 48", "Xid 154", "Xid 79"]
+
+
+def test_a_line_whose_time_is_not_in_it_counts_whatever_the_time(health):
+    result = health("h200-x1", kernel_log_path=os.path.join(LOGS, "xid-constructed.log"), xids_after="2099-01-01T00:00:00Z")
+    assert result["blocking"] is True and result["kernel_log"]["xids_left_out"] == 0
+
+
+def test_dmesg_lines_are_timed_from_the_boot(tmp_path, health):
+    """Without a journal, dmesg's seconds since boot are read against /proc/stat's btime."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    dmesg = bindir / "dmesg"
+    dmesg.write_text("#!/bin/sh\ncat %s\n" % os.path.join(LOGS, "xid-real.log"))
+    dmesg.chmod(0o755)
+    (tmp_path / "root").mkdir()
+    root = iommu_host(tmp_path / "root")
+    with open(os.path.join(root, "proc", "stat"), "w") as handle:
+        handle.write("cpu  1 2 3 4\nbtime 1796446830\n")  # 14370 s before 09:00:00Z, when Xid 62 was logged
+    path = "%s:%s" % (bindir, os.environ["PATH"])
+    result = health("h200-x1", kernel_log_source="dmesg", host_root=root, check_acs=False,
+                    xids_after="2026-12-05T09:00:00Z", _env={"PATH": path})
+    assert result["kernel_log"]["source"] == "dmesg", result.get("msg")
+    # 31, 62 and 45 carry seconds since boot, at or before 09:00:00; every other line of the log has no such stamp.
+    assert result["kernel_log"]["xids_left_out"] == 3
+    assert not [r for r in result["reasons"] if r.startswith("Xid 62 ")]
+    assert [r for r in result["reasons"] if r.startswith("Xid 79 ")]
+
+
+def test_a_time_without_its_zone_is_a_clear_failure(health):
+    result = health("h200-x1", kernel_log_path=os.path.join(LOGS, "clean.log"), xids_after="2026-12-05 09:00")
+    assert result["failed"] is True and result["msg"].startswith("xids_after: '2026-12-05 09:00' is not")
 
 
 def test_missing_gpu_uuid_is_a_clear_failure(health):
