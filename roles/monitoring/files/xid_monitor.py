@@ -16,7 +16,8 @@ With --drain-flag, an event whose code is a --drain-code takes the host out of r
 when the first came) is written before anything else happens, and the servers' middleware answers 503 on /health
 while it exists, so every gateway's health checks stop sending the host requests within seconds, and a restarted
 server (its restart policy) stays out too. Only an operator removes it, with playbooks/gpu_return.yml, which re-checks
-the GPUs and gates the servers first.
+the GPUs, sets the flag aside (gpu_fault_flag.py, installed next to this file) while it gates the servers, and
+removes it once they are back in rotation. A new critical Xid meanwhile writes the flag again.
 
 systemd runs it with --follow SECONDS: one process reading the sources every SECONDS (a critical Xid drains within
 them). A source that cannot be read is then reported (journal once, textfile every poll) and read again at the next
@@ -35,6 +36,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from gpu_fault_flag import returning_path  # noqa: E402  pylint: disable=wrong-import-position
 from gpu_health_checks import parse_xid_events  # noqa: E402  pylint: disable=wrong-import-position
 
 PRIORITY = {"block": 2, "warn": 4, "info": 6}
@@ -144,7 +146,8 @@ def deliver(url, spool_path, payload):
     return len(kept)
 
 
-def metrics_text(state, ok, spooled, now, drained=None):
+def metrics_text(state, ok, spooled, now, flags=()):
+    """flags: the contents of the drain flag and of the flag a return set aside (None for a file that is absent)."""
     lines = [
         "# HELP onprem_vllm_xid_monitor_last_run_success 1 when the last run read every kernel log source.",
         "# TYPE onprem_vllm_xid_monitor_last_run_success gauge",
@@ -172,10 +175,12 @@ def metrics_text(state, ok, spooled, now, drained=None):
         lines.append('onprem_vllm_xid_last_event_timestamp_seconds{code="%s",pci_bus_id="%s",xid_severity="%s"} %d'
                      % (code, bus, severity, seen))
     lines += [
-        "# HELP onprem_vllm_xid_drained 1 for each Xid (code, GPU) that took the host out of rotation (the drain flag).",
+        "# HELP onprem_vllm_xid_drained 1 for each Xid (code, GPU) that took the host out of rotation (the drain flag,"
+        " or the flag set aside by a return that has not put the host back).",
         "# TYPE onprem_vllm_xid_drained gauge",
     ]
-    for code, bus in sorted({(e["code"], e["pci_bus_id"] or "unknown") for e in (drained or {}).get("events", [])}):
+    drained = {(e["code"], e["pci_bus_id"] or "unknown") for flag in flags for e in (flag or {}).get("events", [])}
+    for code, bus in sorted(drained):
         lines.append('onprem_vllm_xid_drained{code="%d",pci_bus_id="%s"} 1' % (code, bus))
     return "\n".join(lines) + "\n"
 
@@ -262,7 +267,9 @@ class Poll:
             os.makedirs(save_dir, exist_ok=True)
         write_atomic(args.state, json.dumps(state))
         if args.textfile:
-            write_atomic(args.textfile, metrics_text(state, not errors, spooled, now, drained))
+            # The flag a return set aside still counts (GpuFaultDrained fires on) until the host is back in rotation.
+            set_aside = load_json(returning_path(args.drain_flag), None) if args.drain_flag else None
+            write_atomic(args.textfile, metrics_text(state, not errors, spooled, now, (drained, set_aside)))
         sys.stdout.flush()
         return not errors
 

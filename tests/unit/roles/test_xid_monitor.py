@@ -19,6 +19,8 @@ import pytest
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 XID_79 = "Nov 29 09:00:00 ws1 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 XID_REDACTED = "Nov 29 09:00:01 ws1 kernel: NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 01"
+# What the monitoring role installs next to the monitor, from plugins/module_utils (roles/monitoring/tasks/xid.yml).
+MONITOR_LIB = ("gpu_health_checks.py", "gpu_fault_flag.py")
 
 
 @pytest.fixture
@@ -26,7 +28,8 @@ def monitor(tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
     shutil.copy(os.path.join(ROOT, "roles", "monitoring", "files", "xid_monitor.py"), lib)
-    shutil.copy(os.path.join(ROOT, "plugins", "module_utils", "gpu_health_checks.py"), lib)
+    for name in MONITOR_LIB:
+        shutil.copy(os.path.join(ROOT, "plugins", "module_utils", name), lib)
     bindir = tmp_path / "bin"
     bindir.mkdir()
 
@@ -162,6 +165,26 @@ def test_a_critical_xid_writes_the_drain_flag_and_a_warning_does_not(monitor):
     assert not [name for name in metrics(tmp_path) if name.startswith("onprem_vllm_xid_drained")]
 
 
+def test_a_flag_set_aside_by_a_return_stays_drained_and_a_new_xid_flags_the_host_again(monitor):
+    """A return sets the flag aside (<flag>.returning) while it gates the servers: GpuFaultDrained keeps firing until
+    the host is back, and a critical Xid meanwhile writes the flag again, with the new event alone."""
+    run, tmp_path = monitor[0], monitor[2]
+    flag = tmp_path / "xid.json"
+    (tmp_path / "kern.log").write_text(XID_79 + "\n")
+    assert run("--drain-flag", str(flag), *DRAIN).returncode == 0
+    flag.rename(str(flag) + ".returning")
+    assert run("--drain-flag", str(flag), *DRAIN).returncode == 0
+    assert not flag.exists()
+    assert metrics(tmp_path)['onprem_vllm_xid_drained{code="79",pci_bus_id="0000:01:00.0"}'] == 1
+    with open(tmp_path / "kern.log", "a") as handle:
+        handle.write(XID_79.replace("79, pid", "48, pid") + "\n")
+    assert run("--drain-flag", str(flag), *DRAIN).returncode == 0
+    assert [e["code"] for e in json.loads(flag.read_text())["events"]] == [48]
+    m = metrics(tmp_path)
+    assert m['onprem_vllm_xid_drained{code="79",pci_bus_id="0000:01:00.0"}'] == 1
+    assert m['onprem_vllm_xid_drained{code="48",pci_bus_id="0000:01:00.0"}'] == 1
+
+
 def test_an_ignored_code_never_drains(monitor):
     run, tmp_path = monitor[0], monitor[2]
     flag = tmp_path / "xid.json"
@@ -221,12 +244,13 @@ def test_a_failed_webhook_post_is_sent_again_by_the_next_run(monitor, sink):
 
 
 def load_monitor(tmp_path):
-    """The monitor as a module (its folder on sys.path for gpu_health_checks), for the write path's order."""
+    """The monitor as a module (its folder on sys.path for what it imports), for the write path's order."""
     import importlib.util
     lib = tmp_path / "lib-import"
     lib.mkdir()
     shutil.copy(os.path.join(ROOT, "roles", "monitoring", "files", "xid_monitor.py"), lib)
-    shutil.copy(os.path.join(ROOT, "plugins", "module_utils", "gpu_health_checks.py"), lib)
+    for name in MONITOR_LIB:
+        shutil.copy(os.path.join(ROOT, "plugins", "module_utils", name), lib)
     sys.path.insert(0, str(lib))
     try:
         spec = importlib.util.spec_from_file_location("xid_monitor_under_test", lib / "xid_monitor.py")
