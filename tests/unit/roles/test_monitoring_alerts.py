@@ -48,7 +48,7 @@ def xid_monitor_metrics():
     finally:
         sys.path.pop(0)
     state = {"last_success": 1, "counts": {"block": 1}, "last_seen": {"79|0000:01:00.0|block": 1}}
-    return module.metrics_text(state, True, 0, 2, {"events": [{"code": 79, "pci_bus_id": "0000:01:00.0"}]})
+    return module.metrics_text(state, True, 0, 2, ({"events": [{"code": 79, "pci_bus_id": "0000:01:00.0"}]}, None))
 
 
 def exported():
