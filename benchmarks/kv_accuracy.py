@@ -919,12 +919,12 @@ def h100_margin_startups():
             if (kc.plan_family(request), "eager" if request.enforce_eager else "compiled") in H100_MARGIN_CELLS]
 
 
-def h100_table(verbose=True):
+def h100_table(verbose=True, path=H100_COMPILED_DATA):
     """Each held-out H100 compiled startup against the plan: predicted/logged available KV memory, the error and the
     over-claim in % of the budget, the margin of its family and mode, whether the over-claim passes that margin or
     the targets, and the plan's verdict against vLLM's (a logged pool with concurrency >= 1 started)."""
     rows = []
-    for run_id, request, logged, concurrency in h100_startups():
+    for run_id, request, logged, concurrency in h100_startups(path):
         result = kc.plan(request)
         margin, family_mode, _how = kc.kv_margin(request)
         over_gib = result.available_kv_cache_bytes / GIB - logged
@@ -938,7 +938,7 @@ def h100_table(verbose=True):
     if verbose:
         print("vLLM 0.26.0 compiled on one H100 80GB HBM3 (%s), held out of every term; the %s startups set their "
               "margin, the others are held out of it; config.json weights; GiB"
-              % (os.path.relpath(H100_COMPILED_DATA, ROOT), " and ".join(", ".join(c) for c in H100_MARGIN_CELLS)))
+              % (os.path.relpath(path, ROOT), " and ".join(", ".join(c) for c in H100_MARGIN_CELLS)))
         print("%-22s %-27s %6s | %15s %8s %9s %7s | %15s | %-5s %-7s %s" % (
             "run", "family, mode", "budget", "available KV", "err/bud", "over GiB", "margin",
             "concurrency", "fits", "vLLM", "flags"))
@@ -1051,6 +1051,8 @@ def main(argv=None):
                         help="only the vision-language, sliding-window and hybrid startups on the H200")
     parser.add_argument("--h100", action="store_true",
                         help="the held-out compiled startups on the H100 against the plan, its margins and targets")
+    parser.add_argument("--h100-data", default=H100_COMPILED_DATA,
+                        help="the folder of H100 startups --h100 reads (runs.yaml, as parse_kv_startups.py writes it)")
     parser.add_argument("--fleet", action="store_true",
                         help="predicted against actual KV tokens of every server's deployment record (-i inventory)")
     parser.add_argument("-i", "--inventory", default=os.path.join("inventories", "lab"), help="inventory for --fleet")
@@ -1069,7 +1071,7 @@ def main(argv=None):
               % (len(wrong), wrong))
         return 0
     if args.h100:
-        h100_table()
+        h100_table(path=os.path.abspath(args.h100_data))
         print()
         error_table(h100=True)
         return 0
