@@ -7,12 +7,24 @@
 --   onprem release <backend>          end the hold; prints what it held, as JSON
 --   onprem holds                      every hold, as JSON
 -- A held request waits in the gateway (its body already read), then goes to the first server that is UP again. A
--- request that waited past the hold's end gets the usual JSON 503 with Retry-After. A backend not on hold is never
--- held: a GPU fault or a crash takes a server out at once. Holds live in the running HAProxy only: a reload or
--- restart of the gateway ends them (the rollout's next drain sets them again).
+-- request that waited past the hold's end gets the usual JSON 503 with Retry-After. Holds live in the running HAProxy
+-- only: a reload or restart of the gateway ends them (the rollout's next drain sets them again).
+--
+-- A host's orderly shutdown (onprem-vllm-drain.service, a reboot) holds too, with no rollout to start it: a server its
+-- gateway checks take out (DOWN, not the rollout's MAINT) is asked for its drain status (GET /onprem/drain, open on
+-- the server's middleware: counts and names only). One that says it drains for a shutdown, not for a GPU fault, is
+-- a planned restart: while no server of its backend is UP, the backend's requests wait, for at most the bound this
+-- file is loaded with (lua-load's argument, gateway_hold_timeout) from the drain's start, through the reboot (a host
+-- that answers nothing keeps its mark) until a server is UP again. A GPU fault, a crash or a server that never said
+-- it drains is never held: its requests get the JSON 503 at once.
 local holds = {}
+-- backend name -> server name -> the time (ms) its drain for a shutdown was first seen
+local planned = {}
+local PLANNED_BOUND_MS = math.floor((tonumber((...)) or 0) * 1000)
 
 local POLL_MS = 100
+local STATUS_POLL_MS = 500
+local STATUS_TIMEOUT_MS = 1000
 
 local function now_ms()
   local t = core.now()
@@ -41,21 +53,70 @@ local function as_json(name, hold)
     math.max(0, hold.until_ms - now), waiting, hold.held, longest)
 end
 
-core.register_action("onprem_hold", { "http-req" }, function(txn)
-  local name = txn:get_var("txn.backend")
-  local hold = name and holds[name]
-  if hold == nil then
-    return
+-- What a server's middleware says of its drain: "shutdown" (draining, no GPU fault), "other" (it answered anything
+-- else), nil (no answer: stopped, rebooting or unreachable).
+local function drain_status(server)
+  local response = core.httpclient():get{ url = "http://" .. server:get_addr() .. "/onprem/drain",
+                                           timeout = STATUS_TIMEOUT_MS }
+  if response == nil or response.status == nil or response.status == 0 then
+    return nil
   end
-  local backend = core.backends[name]
+  local body = response.body or ""
+  if response.status == 200 and body:find('"draining":%s*true') and body:find('"gpu_fault":%s*false') then
+    return "shutdown"
+  end
+  return "other"
+end
+
+-- Mark the servers of a backend that went DOWN for a planned shutdown; clear a mark once the server is UP (or says it
+-- drains no more, or for a GPU fault); an unanswered server keeps its mark (the host is rebooting).
+local function update_planned(name, backend)
+  local marks = planned[name] or {}
+  for server_name, server in pairs(backend.servers) do
+    local status = server:get_stats()["status"] or ""
+    if status:sub(1, 4) == "DOWN" then
+      local said = drain_status(server)
+      if said == "shutdown" then
+        marks[server_name] = marks[server_name] or now_ms()
+      elseif said == "other" then
+        marks[server_name] = nil
+      end
+    elseif status:sub(1, 2) == "UP" or status == "no check" then
+      marks[server_name] = nil
+    end
+  end
+  planned[name] = next(marks) and marks or nil
+end
+
+-- The end (ms) of the planned restart's hold of a backend: its earliest live mark's start + the bound; nil: none.
+local function planned_until(name)
+  local earliest
+  for _, since in pairs(planned[name] or {}) do
+    earliest = math.min(earliest or since, since)
+  end
+  return earliest and earliest + PLANNED_BOUND_MS or nil
+end
+
+if PLANNED_BOUND_MS > 0 then
+  core.register_task(function()
+    while true do
+      for name, backend in pairs(core.backends) do
+        -- "<...>": HAProxy's own proxies (its HTTP client's among them)
+        if name:sub(1, 1) ~= "<" and (not serving(backend) or planned[name]) then
+          update_planned(name, backend)
+        end
+      end
+      core.msleep(STATUS_POLL_MS)
+    end
+  end)
+end
+
+local function wait(txn, hold, keep_waiting)
   local started = now_ms()
-  if backend == nil or started >= hold.until_ms or serving(backend) then
-    return
-  end
   hold.held = hold.held + 1
   local ticket = hold.held
   hold.waiting[ticket] = started
-  while holds[name] == hold and now_ms() < hold.until_ms and not serving(backend) do
+  while keep_waiting() do
     core.msleep(POLL_MS)
   end
   hold.waiting[ticket] = nil
@@ -64,6 +125,38 @@ core.register_action("onprem_hold", { "http-req" }, function(txn)
     hold.longest_ms = waited
   end
   txn:set_var("txn.held_ms", waited)
+end
+
+-- The planned restarts' own counts, as `onprem holds` lists them (reason "shutdown").
+local shutdown_holds = {}
+
+core.register_action("onprem_hold", { "http-req" }, function(txn)
+  local name = txn:get_var("txn.backend")
+  local backend = name and core.backends[name]
+  if backend == nil or serving(backend) then
+    return
+  end
+  local hold = holds[name]
+  if hold ~= nil and now_ms() < hold.until_ms then
+    wait(txn, hold, function() return holds[name] == hold and now_ms() < hold.until_ms and not serving(backend) end)
+    return
+  end
+  if PLANNED_BOUND_MS <= 0 then
+    return
+  end
+  -- The task may not have seen the drain yet (it polls twice a second): ask now rather than refuse the request.
+  update_planned(name, backend)
+  local deadline = planned_until(name)
+  if deadline == nil or now_ms() >= deadline then
+    return
+  end
+  local shutdown = shutdown_holds[name] or { waiting = {}, held = 0, longest_ms = 0, until_ms = deadline }
+  shutdown_holds[name] = shutdown
+  wait(txn, shutdown, function()
+    local until_ms = planned_until(name)
+    shutdown.until_ms = until_ms or now_ms()
+    return until_ms ~= nil and now_ms() < until_ms and not serving(backend)
+  end)
 end, 0)
 
 -- The admin socket passes the command's words too: ("onprem", "hold", backend, seconds).
@@ -98,6 +191,9 @@ core.register_cli({ "onprem", "holds" }, "onprem holds : every hold, as JSON", f
   local lines = {}
   for name, hold in pairs(holds) do
     lines[#lines + 1] = as_json(name, hold)
+  end
+  for name, hold in pairs(shutdown_holds) do
+    lines[#lines + 1] = as_json(name, hold):gsub("}$", ',"reason":"shutdown"}')
   end
   applet:send("[" .. table.concat(lines, ",") .. "]\n")
 end)

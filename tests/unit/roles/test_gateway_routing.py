@@ -17,6 +17,7 @@ that need the lab share, after the lab's artifacts are built.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import hashlib
 import json
@@ -26,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -176,7 +178,7 @@ DRAIN_UNDRAIN = """
 # use (a pooling server has no completions, as vLLM's), each answer saying which backend answered, whether the
 # gateway's key replaced the client's, the body's length and where "model" is in it.
 STAND_IN = r'''
-import http.server, json, sys, time
+import http.server, json, os, sys, time
 
 NAME, RUNNER, PORT, KEY = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
@@ -200,8 +202,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/seen":  # asked directly (the gateway forwards no GET but /health's): what got through
             self.send(200, json.dumps(SEEN).encode())
             return
-        if self.path == "/health":  # as the server's middleware: a check with a key it does not hold fails
-            self.send(200 if self.headers.get("Authorization") == "Bearer " + KEY else 401, b"{}")
+        # As the server's middleware: a check with a key it does not hold fails; one during a drain (the test writes
+        # /test/<name>.state: "shutdown" or "fault") gets 503, and /onprem/drain says which.
+        state = open("/test/%s.state" % NAME).read().strip() if os.path.exists("/test/%s.state" % NAME) else ""
+        if self.path == "/health":
+            keyed = self.headers.get("Authorization") == "Bearer " + KEY
+            self.send(401 if not keyed else 503 if state else 200, b"{}")
+            return
+        if self.path == "/onprem/drain":
+            self.send(200, json.dumps({"draining": bool(state), "gpu_fault": state == "fault", "in_flight": 0,
+                                       "checks": {}}).encode())
             return
         self.send(404, b"{}")
 
@@ -558,6 +568,68 @@ def _haproxy_check(config):
                    "-dW", "-c", "-f", "/usr/local/etc/haproxy/haproxy.cfg", check=False)
 
 
+def _server_status(runtime, backend, server):
+    """A server's status on the gateway's admin socket (UP, DOWN, MAINT, "UP 1/2" ...)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(runtime / "admin.sock"))
+        sock.sendall(b"show stat\n")
+        data = b"".join(iter(lambda: sock.recv(65536), b""))
+    for line in data.decode().splitlines():
+        fields = line.split(",")
+        if fields[:2] == [backend, server]:
+            return fields[17]
+    return ""
+
+
+def _wait_for_status(runtime, backend, server, wanted, timeout=30):
+    deadline, status = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        status = _server_status(runtime, backend, server)
+        if status == wanted:
+            return
+        time.sleep(0.2)
+    raise AssertionError("%s/%s is %r, not %s, after %d s" % (backend, server, status, wanted, timeout))
+
+
+def _post(port, path, body, request_id):
+    """(status, seconds, the answer's JSON) of a request through the gateway with the full client's key."""
+    request = urllib.request.Request(
+        "http://127.0.0.1:%d%s" % (port, path), method="POST", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + FULL_KEY, "Content-Type": "application/json",
+                 "X-Request-Id": request_id})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, time.monotonic() - started, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, time.monotonic() - started, json.load(error)
+
+
+def _shutdown_and_fault(tmp, runtime, prefix, port):
+    """embed1, tiny-embed's only server, drains for a shutdown (its checks fail, its drain status says so), then its
+    host powers off and boots: an embedding sent meanwhile is held at the gateway, with no rollout to start the hold,
+    and answered once the server is UP. Then chat1, tiny-chat's only server, is taken out by a GPU fault: a chat
+    request gets the gateway's 503 at once."""
+    outcomes = {}
+    (tmp / "embed.state").write_text("shutdown")
+    _wait_for_status(runtime, "vllm-embed", "embed1", "DOWN")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(_post, port, "/v1/embeddings", {"model": "tiny-embed", "input": "hi"}, "held-by-shutdown")
+        time.sleep(2)
+        _docker("stop", "-t", "1", prefix + "-embed")
+        time.sleep(2)
+        (tmp / "embed.state").unlink()
+        _docker("start", prefix + "-embed")
+        outcomes["shutdown"] = held.result(timeout=120)
+    (tmp / "chat.state").write_text("fault")
+    _wait_for_status(runtime, "vllm-chat", "chat1", "DOWN")
+    outcomes["fault"] = _post(port, "/v1/chat/completions",
+                              {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]}, "not-held-fault")
+    (tmp / "chat.state").unlink()
+    _wait_for_status(runtime, "vllm-chat", "chat1", "UP")
+    return outcomes
+
+
 def canary_token(backend, server):
     """The undrain's canary token for a server of a backend (what haproxy.cfg.j2 derives)."""
     return hashlib.sha256(("%s:canary:%s/%s" % (SERVER_KEY, backend, server)).encode()).hexdigest()
@@ -657,7 +729,8 @@ def gateway(tmp_path_factory):
             with urllib.request.urlopen(request, timeout=30) as answer:
                 during_flood = {"status": answer.status, "seconds": time.monotonic() - started}
             flooded = json.loads(flood.stdout.read())
-        yield {"config": config, "config_checks": config_checks, "outcomes": outcomes, "drain_rc": drain_rc,
+        shutdown_and_fault = _shutdown_and_fault(tmp, runtime, prefix, port)
+        yield {"shutdown_and_fault": shutdown_and_fault, "config": config, "config_checks": config_checks, "outcomes": outcomes, "drain_rc": drain_rc,
                "drain_tasks": drain_tasks, "flooded": flooded, "during_flood": during_flood,
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
                "log": _gateway_log(prefix + "-gw")}
@@ -763,6 +836,25 @@ def test_a_drain_of_a_deployments_only_server_holds_its_requests_for_the_new_one
     held_lines = [line for line in gateway["log"].splitlines() if 'request_id="held-embedding"' in line]
     assert len(held_lines) == 1 and " 200 " in held_lines[0], held_lines
     assert int(re.search(r"held_ms=(\d+)", held_lines[0]).group(1)) >= 1500, held_lines
+
+
+def test_a_planned_shutdown_of_a_deployments_only_host_holds_its_requests_until_it_serves_again(gateway):
+    """No rollout started this hold: the server's drain status said it drains for a shutdown, so its request waited
+    through the power-off and the boot, and was answered by it."""
+    status, seconds, answer = gateway["shutdown_and_fault"]["shutdown"]
+    assert status == 200 and answer["stand_in"]["backend"] == "embed", (status, answer)
+    assert seconds > 4, seconds
+    held_lines = [line for line in gateway["log"].splitlines() if 'request_id="held-by-shutdown"' in line]
+    assert len(held_lines) == 1 and " 200 " in held_lines[0], held_lines
+    assert int(re.search(r"held_ms=(\d+)", held_lines[0]).group(1)) >= 4000, held_lines
+
+
+def test_a_gpu_fault_of_a_deployments_only_host_is_never_held(gateway):
+    status, seconds, answer = gateway["shutdown_and_fault"]["fault"]
+    assert status == 503 and answer["error"]["code"] == 503, (status, answer)
+    assert seconds < 3, seconds
+    fault_lines = [line for line in gateway["log"].splitlines() if 'request_id="not-held-fault"' in line]
+    assert len(fault_lines) == 1 and not re.search(r"held_ms=\d", fault_lines[0]), fault_lines
 
 
 def test_the_canary_token_pins_a_request_to_its_server_and_says_so(gateway):
