@@ -24,7 +24,6 @@ vllm-wizard 0.2.0 (PyPI) is driven through its Python API in its own venv, on th
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import math
 import os
@@ -633,17 +632,20 @@ def lab(args):
     return 0 if all(r is not False for r in results) and any(results) else 1
 
 
-FLEET_RECORD = "/etc/onprem-vllm/vllm.deployment.json"
+# Every deployment's record on a server (the previous ones end in .deployment.previous.json: not matched).
+FLEET_RECORDS = "/etc/onprem-vllm/*.deployment.json"
 
 
-def fleet_records(inventory, group, record):
-    """{host: deployment record or None} for every host of the group, read with `ansible -m slurp` (JSON output)."""
+def fleet_records(inventory, group, records_glob):
+    """{"host/container": deployment record or None} for every record of every host of the group, read with one
+    `ansible -m shell` (JSON output): each record file as one line, "path<TAB>content"."""
     # Only the JSON callback: another one enabled by the configuration (profile_tasks) would print into stdout.
     env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json")
     ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
+    script = 'for f in %s; do [ -f "$f" ] || continue; printf "%%s\\t" "$f"; tr -d "\\n" < "$f"; echo; done' % records_glob
     cmd = [ansible if os.path.exists(ansible) else "ansible", group, "-i", inventory, "-b",
-           "-m", "ansible.builtin.slurp", "-a", "src=" + record]
+           "-m", "ansible.builtin.shell", "-a", script]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=600)
     try:
         out = json.loads(proc.stdout)
@@ -654,18 +656,23 @@ def fleet_records(inventory, group, record):
     for play in out.get("plays", []):
         for task in play.get("tasks", []):
             for host, res in task.get("hosts", {}).items():
-                content = res.get("content")
-                records[host] = json.loads(base64.b64decode(content)) if content and not res.get("failed") else None
+                lines = [] if res.get("failed") else (res.get("stdout") or "").splitlines()
+                if not lines:
+                    records[host] = None
+                for line in lines:
+                    path, _tab, content = line.partition("\t")
+                    name = os.path.basename(path)[:-len(".deployment.json")]
+                    records["%s/%s" % (host, name)] = json.loads(content)
     return records
 
 
 def fleet(args):
     """--fleet: predicted against actual KV tokens of every server, from the records vllm_server wrote."""
-    records = fleet_records(args.inventory, args.fleet_group, args.fleet_record)
+    records = fleet_records(args.inventory, args.fleet_group, args.fleet_records)
     if not records:
         print("fleet: no host in group %s of %s" % (args.fleet_group, args.inventory))
         return 1
-    header = ("host", "pred tokens", "act tokens", "pred conc", "act conc", "diff %", "verdict")
+    header = ("host/server", "pred tokens", "act tokens", "pred conc", "act conc", "diff %", "verdict")
     print("%-22s %12s %12s %10s %10s %8s  %s" % header)
     rows = kv_actual.fleet_rows(records)
     for host, want, got, want_conc, got_conc, diff, verdict in rows:
@@ -1057,7 +1064,8 @@ def main(argv=None):
                         help="predicted against actual KV tokens of every server's deployment record (-i inventory)")
     parser.add_argument("-i", "--inventory", default=os.path.join("inventories", "lab"), help="inventory for --fleet")
     parser.add_argument("--fleet-group", default="vllm_servers", help="the servers' group for --fleet")
-    parser.add_argument("--fleet-record", default=FLEET_RECORD, help="the deployment record on each server")
+    parser.add_argument("--fleet-records", default=FLEET_RECORDS,
+                        help="the deployment records on each server (a shell glob)")
     args = parser.parse_args(argv)
     if args.fleet:
         return fleet(args)

@@ -89,7 +89,9 @@ def passed_writes(config_dir: str, name: str, pending, current=None) -> list:
 
 def rollback_target(previous: dict, source: str = "the previous record") -> dict:
     """What rollback.yml deploys again from a previous record: the image split into repository, tag and digest, the
-    model and its commit, the served name, the version, the exact arguments, environment and GPUs."""
+    model and its commit, the served name, the version, the exact arguments, environment and GPUs, and the KV
+    prediction it was deployed with (its arguments pin the same pool, so the restored server is compared with it; {}
+    where the record has none)."""
     missing = [key for key in ROLLBACK_KEYS if key not in previous]
     if missing:
         raise RecordError(f"{source} lacks {', '.join(missing)}: it was not written by vllm_server")
@@ -100,7 +102,7 @@ def rollback_target(previous: dict, source: str = "the previous record") -> dict
     return {"image": repository, "image_tag": tag, "image_digest": digest, "model": previous["model"],
             "model_commit": previous["model_revision"], "served_model_name": previous["served_model_name"],
             "version": previous["version"], "args": previous["args"], "env": previous["env"],
-            "gpu_uuids": previous["gpu_uuids"]}
+            "gpu_uuids": previous["gpu_uuids"], "kv_predicted": (previous.get("kv_cache") or {}).get("predicted") or {}}
 
 
 def write(path: str, content: str) -> bool:

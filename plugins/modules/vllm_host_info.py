@@ -113,7 +113,8 @@ deployment_records:
     The deployment's records parsed, null where a file does not exist - C(current) (what runs), C(previous) (what it
     replaced), C(marker) (an interrupted rollout's in-progress marker), and with
     O(deployment_records.rollback_target) C(rollback_target) (image, image_tag, image_digest, model, model_commit,
-    served_model_name, version, args, env, gpu_uuids of the previous record; null without one).
+    served_model_name, version, args, env, gpu_uuids of the previous record, and kv_predicted, the KV prediction
+    it was deployed with; null without one).
   returned: when O(deployment_records) is given
   type: dict
   sample: {current: {image: "vllm/vllm-openai:v0.32.0@sha256:...", port: 8000}, previous: null, marker: null}

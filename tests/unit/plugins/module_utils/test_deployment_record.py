@@ -78,7 +78,13 @@ def test_rollback_target_splits_the_image_and_keeps_what_ran():
     target = dr.rollback_target(RECORD)
     assert target == {"image": "vllm/vllm-openai", "image_tag": "v0.32.0", "image_digest": "sha256:" + "b" * 64,
                       "model": "Qwen/Qwen3-8B", "model_commit": "c" * 40, "served_model_name": "qwen3",
-                      "version": "v0.32.0", "args": RECORD["args"], "env": RECORD["env"], "gpu_uuids": ["GPU-1"]}
+                      "version": "v0.32.0", "args": RECORD["args"], "env": RECORD["env"], "gpu_uuids": ["GPU-1"],
+                      "kv_predicted": {}}
+    # The KV prediction the previous server was deployed with: the restored server, on the same arguments, is
+    # compared with it.
+    predicted = {"kv_cache_tokens": 68464, "num_gpu_blocks": 4279, "max_model_len": 4096}
+    assert dr.rollback_target(dict(RECORD, kv_cache={"predicted": predicted, "actual": predicted}))[
+        "kv_predicted"] == predicted
     # A registry with a port, no digest.
     target = dr.rollback_target(dict(RECORD, image="registry.lan:5000/vllm/vllm-openai:v0.26.0"))
     assert (target["image"], target["image_tag"], target["image_digest"]) == (
