@@ -904,7 +904,33 @@ def test_every_h100_compiled_startup_is_covered_by_its_margin(run_id, request_, 
     assert not result.fits or concurrency >= 1, run_id
 
 
-@pytest.mark.parametrize("near", BENCH.near_misses(BENCH.h100_near()), ids=[h[0] for h in H100])
+# The other utilization x length cells (benchmarks/data/kv-h100-vllm0.26-compiled-2026-12-06), recorded after every
+# term and margin was set: held out of all of them.
+H100_MORE = BENCH.h100_startups(BENCH.H100_MORE_DATA)
+H100_MORE_OFF_TARGET = {
+    # gemma-3-27b's cold-compile over-claim is the same 1.30 GiB at 0.5 as at 0.9 (its activation peak is no share of
+    # the budget): +3.29 % of the half budget, still within the sliding-window compiled margin of 1.32 GiB
+    "g3-27bL12-u050-32k": "over", "g3-27bL12-u050-128k": "over",
+    # Qwen3-VL at 262144 tokens over-claims as at 32768 (0.34 GiB of 39.59): +0.87 %, within its margin
+    "qvl30bL8-u050-256k": "over",
+}
+
+
+@pytest.mark.parametrize("run_id, request_, logged, concurrency", H100_MORE, ids=[h[0] for h in H100_MORE])
+def test_every_held_out_h100_cell_is_covered_by_its_margin(run_id, request_, logged, concurrency):
+    result = kc.plan(request_)
+    error = (result.available_kv_cache_bytes - logged * GIB) / result.budget_bytes
+    assert result.available_kv_cache_bytes - result.fit_margin_bytes <= (logged + 0.005) * GIB, run_id
+    if run_id in H100_MORE_OFF_TARGET:
+        assert (error > 0.005) == (H100_MORE_OFF_TARGET[run_id] == "over"), run_id
+        assert -0.01 <= error <= 0.033, run_id  # as docs/kv_headroom.md reports them
+    else:
+        assert -0.01 <= error <= 0.005, run_id
+    assert not result.fits or concurrency >= 1, run_id
+
+
+@pytest.mark.parametrize("near", BENCH.near_misses(BENCH.h100_near()) + BENCH.near_misses(BENCH.h100_near(
+    BENCH.H100_MORE_DATA)), ids=[h[0] for h in H100] + ["more-" + h[0] for h in H100_MORE])
 def test_an_h100_long_context_that_only_just_misses_is_never_judged_to_fit(near):
     run_id, refused, fits, result = near
     assert not fits, run_id
