@@ -40,6 +40,9 @@ BASE_PACKAGES = [
 # The root of the lab's gateway image (lab/build_gateway_image.py): Debian 13, whose HAProxy 3.0 needs its libc. Only
 # minbase: the gateway's Dockerfile installs HAProxy on it.
 TRIXIE_REPO = "onprem-vllm-lab/trixie"
+# A Debian 13 workstation (the bookworm one's packages and hooks): the host of `make test-driver`, where the
+# nvidia_driver role installs Debian 13's real driver packages.
+TRIXIE_WORKSTATION_REPO = "onprem-vllm-lab/workstation-trixie"
 # Everything but SYS_RESOURCE: `--privileged` and `--cap-add ALL` are refused on the CI machines,
 # and Docker 20.10 rejects the names BPF, CHECKPOINT_RESTORE and PERFMON.
 CAPABILITIES = (
@@ -163,8 +166,8 @@ def debian_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
-def image_recipe(mirror: str, ca_bundle: Path | None) -> dict:
-    recipe = {"suite": "bookworm", "variant": "minbase", "packages": BASE_PACKAGES, "mirror": mirror,
+def image_recipe(mirror: str, ca_bundle: Path | None, suite: str = "bookworm") -> dict:
+    recipe = {"suite": suite, "variant": "minbase", "packages": BASE_PACKAGES, "mirror": mirror,
               "recipe_version": 4}
     if ca_bundle:
         recipe["ca_bundle_sha256"] = hashlib.sha256(ca_bundle.read_bytes()).hexdigest()
@@ -215,7 +218,7 @@ def debootstrap_image(recipe: dict, repo: str, options: list[str], changes: list
     return tag
 
 
-def build_image(ca_bundle: Path | None) -> str:
+def build_image(ca_bundle: Path | None, suite: str = "bookworm") -> str:
     hooks = [
         # A container has no console or udev; these units only slow boot or fail there.
         'chroot "$1" systemctl mask getty@tty1.service systemd-udevd.service systemd-logind.service '
@@ -227,9 +230,10 @@ def build_image(ca_bundle: Path | None) -> str:
                      'chroot "$1" update-ca-certificates')
     # Keep the apt lists: with an empty lists folder, Ansible's apt cache_valid_time sees a "fresh" cache.
     options = ["--skip=cleanup/apt/lists", *(f"--customize-hook={hook}" for hook in hooks)]
-    tag = debootstrap_image(image_recipe(debian_mirror(), ca_bundle), IMAGE_REPO, options,
+    repo = IMAGE_REPO if suite == "bookworm" else TRIXIE_WORKSTATION_REPO
+    tag = debootstrap_image(image_recipe(debian_mirror(), ca_bundle, suite), repo, options,
                             ['CMD ["/lib/systemd/systemd"]', "ENV container=docker"])
-    docker("tag", tag, f"{IMAGE_REPO}:latest")
+    docker("tag", tag, f"{repo}:latest")
     return tag
 
 
@@ -385,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     p_image = sub.add_parser("image", help="build or reuse the workstation base image")
     p_image.add_argument("--ca-bundle", type=Path, default=default_ca, help=ca_help)
     p_image.add_argument("--no-ca-bundle", dest="ca_bundle", action="store_const", const=None)
+    p_image.add_argument("--suite", choices=["bookworm", "trixie"], default="bookworm",
+                         help=f"trixie: the Debian 13 workstation {TRIXIE_WORKSTATION_REPO}:latest (make test-driver)")
     p_up = sub.add_parser("up", help="create or start the lab hosts (idempotent)")
     p_up.add_argument("--workstations", type=int, default=int(os.environ.get("LAB_WORKSTATIONS", "2")))
     p_up.add_argument("--gateway", action="store_true", help="also start a gateway host")
@@ -400,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "ca_bundle", None) and not args.ca_bundle.is_file():
             raise LabError(f"--ca-bundle {args.ca_bundle}: no such file")
         if args.command == "image":
-            build_image(args.ca_bundle)
+            build_image(args.ca_bundle, args.suite)
         elif args.command == "up":
             up(args.workstations, args.gateway, args.subnet, args.ca_bundle, args.seed)
         elif args.command == "down":

@@ -51,6 +51,9 @@ MAX_BRANCH = {"kepler": 470, "maxwell": 580, "pascal": 580, "volta": 580}
 _BRANCH_RE = re.compile(r"^[1-9][0-9]{2}$")
 _VERSION_RE = re.compile(r"^([1-9][0-9]{2})\.[0-9]+(\.[0-9]+)?$")
 _LOADED_RE = re.compile(r"NVRM version:.*?\s([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)\s")
+# Debian's kernel releases: ABI, then the flavour its meta packages are named after (linux-headers-FLAVOUR):
+# 6.12.48+deb13-amd64, 6.12.48+deb13-cloud-amd64 (Debian 13), 6.1.0-28-amd64 (Debian 12), 6.12.9+bpo-amd64 (backports).
+_DEBIAN_KERNEL_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(?:\+deb[0-9]+|\+bpo|-[0-9]+)-([a-z0-9]+(?:-[a-z0-9]+)*)$")
 
 # Connections under which the role never reboots: the play would reboot the machine Ansible runs on, or a container
 # (the lab), whose "reboot" is not a kernel reload at all.
@@ -111,6 +114,13 @@ def upstream_version(package_version):
     version = version.split("-", 1)[0]
     version = version.split("+", 1)[0]
     return version or None
+
+
+def debian_kernel_flavour(kernel_release):
+    """'6.12.48+deb13-amd64' -> 'amd64', '6.1.0-28-cloud-amd64' -> 'cloud-amd64'; None for a kernel Debian did not
+    build (no meta package follows it)."""
+    match = _DEBIAN_KERNEL_RE.match(kernel_release or "")
+    return match.group(1) if match else None
 
 
 def branch_of(version):
@@ -230,7 +240,7 @@ def choose_source(requested, os_family, distribution):
         return ("distribution" if requested == "auto" else requested), None
     if dist == "debian":
         return ("distribution" if requested == "auto" else requested), None
-    return None, ("nvidia_driver supports Ubuntu 22.04/24.04, Debian 12 and RHEL 9-family hosts, not %s (%s)"
+    return None, ("nvidia_driver supports Ubuntu 22.04/24.04, Debian 12/13 and RHEL 9-family hosts, not %s (%s)"
                   % (distribution, os_family))
 
 
@@ -308,17 +318,33 @@ def package_plan(os_family, distribution, distribution_major_version, source, br
             fabricmanager=cuda_fabricmanager_package(branch), candidate_packages=[main],
         )
         return plan
-    # Debian 12: non-free (distribution) or NVIDIA's CUDA repository for debian12; both name the packages alike.
-    kernel = "nvidia-kernel-open-dkms" if module_type == "open" else "nvidia-kernel-dkms"
+    # Debian 12/13: Debian's own archive (distribution: non-free, contrib, non-free-firmware) or NVIDIA's CUDA
+    # repository. They name the open module apart: Debian's nvidia-open-kernel-dkms (contrib), NVIDIA's
+    # nvidia-kernel-open-dkms. Debian's GSP firmware (Turing on) is firmware-nvidia-gsp, at the driver's version.
+    # Debian's nvidia-driver only recommends libcuda1 (the CUDA driver the container toolkit mounts into the servers)
+    # and nvidia-smi (this role's and the preflight's check); the role installs without recommends, so names them.
+    distribution = source == "distribution"
+    if module_type == "open":
+        kernel = "nvidia-open-kernel-dkms" if distribution else "nvidia-kernel-open-dkms"
+    else:
+        kernel = "nvidia-kernel-dkms"
+    support = "nvidia-open-kernel-support" if distribution and module_type == "open" else "nvidia-kernel-support"
+    # The flavour's meta package too, so that a kernel upgrade brings the headers DKMS builds the new kernel's module
+    # with; amd64 where the release is not one of Debian's.
+    flavour = debian_kernel_flavour(kernel_release)
+    if headers and flavour:
+        headers.append("linux-headers-%s" % flavour)
+    flavour = flavour or "amd64"
     plan.update(
-        manager="apt", repository="debian-non-free" if source == "distribution" else "cuda",
+        manager="apt", repository="debian-non-free" if distribution else "cuda",
         install=headers + [_apt_exact("nvidia-driver", version), _apt_exact(kernel, version),
-                           _apt_exact("nvidia-persistenced", ""), "firmware-misc-nonfree" if source == "distribution"
-                           else "nvidia-kernel-support"],
+                           _apt_exact("nvidia-persistenced", "")]
+        + ([_apt_exact("libcuda1", version), _apt_exact("nvidia-smi", version), "firmware-nvidia-gsp"]
+           if distribution else ["nvidia-kernel-support"]),
         version_package="nvidia-driver",
-        hold=["nvidia-driver", kernel, "nvidia-kernel-support", "nvidia-persistenced", "nvidia-smi",
+        hold=["nvidia-driver", kernel, support, "nvidia-persistenced", "nvidia-smi",
               "libnvidia-ml1", "libcuda1", "nvidia-alternative", "firmware-nvidia-gsp",
-              "linux-image-amd64", "linux-headers-amd64"],
+              "linux-image-%s" % flavour, "linux-headers-%s" % flavour],
         # Debian does not ship Fabric Manager: only NVIDIA's repository has it (the role stops with that fix).
         fabricmanager=cuda_fabricmanager_package(branch) if source == "cuda" else None,
         candidate_packages=["nvidia-driver", kernel],
@@ -335,6 +361,33 @@ def branch_available(candidate_versions, branch, version=""):
     if version:
         return version in wanted, offered
     return str(branch) in offered, offered
+
+
+def parse_dkms_status(text):
+    """`dkms status` -> [{'module', 'version', 'kernel', 'arch', 'state'}], one per module built for a kernel.
+
+    dkms 3: 'nvidia-current-open/550.163.01, 6.12.57+deb13-amd64, x86_64: installed'; dkms 2: 'nvidia, 535.247.01,
+    6.1.0-28-amd64, x86_64: installed'. A module only added (no kernel) prints no kernel and is left out."""
+    entries = []
+    for line in (text or "").splitlines():
+        head, sep, state = line.partition(": ")
+        if not sep:
+            continue
+        fields = [field.strip() for field in head.split(",")]
+        if "/" in fields[0]:
+            fields = fields[0].split("/", 1) + fields[1:]
+        if len(fields) < 3:
+            continue
+        entries.append({"module": fields[0], "version": fields[1], "kernel": fields[2],
+                        "arch": fields[3] if len(fields) > 3 else "", "state": state.strip()})
+    return entries
+
+
+def dkms_built(entries, version, kernel_release):
+    """Whether DKMS installed a module of the driver's version for the kernel: state 'installed', with or without
+    dkms's note in parentheses ('installed (original_module exists)')."""
+    return any(entry["version"] == version and entry["kernel"] == kernel_release
+               and entry["state"].split(" ", 1)[0] == "installed" for entry in entries)
 
 
 def secure_boot_errors(secure_boot, signed_modules, mok_enrolled, action):

@@ -12,8 +12,8 @@ version_added: 0.1.0
 description:
   - Read-only. Reads the loaded driver (C(/proc/driver/nvidia/version)), the NVIDIA GPUs and NVSwitches on the PCI
     bus (sysfs), whether nouveau is loaded, Secure Boot (EFI variables, then C(mokutil)), whether a DKMS Machine
-    Owner Key is enrolled, the installed driver package's version and, when asked, the driver versions the
-    configured repositories offer.
+    Owner Key is enrolled, the installed driver package's version, what DKMS built for the kernel and, when asked,
+    the driver versions the configured repositories offer.
   - Decides, through the pure functions of C(plugins/module_utils/nvidia_driver_plan.py), the kernel module
     flavour (open or proprietary, by GPU architecture), the packages to install, hold and pin for the distribution,
     whether to skip because the wanted driver is already loaded, and whether a reboot is needed and allowed.
@@ -61,7 +61,9 @@ options:
     type: str
     default: ""
   kernel_release:
-    description: The running kernel release (C(ansible_facts['kernel'])), for the kernel header packages.
+    description:
+      - The kernel release the module is built for (C(ansible_facts['kernel']), the running kernel, unless the role
+        is told another), for the kernel header packages and the DKMS check.
     type: str
     default: ""
   kernel_headers:
@@ -214,6 +216,19 @@ branch_available:
   description: Whether the repositories offer the wanted branch/version (null unless O(query_repository)).
   returned: always
   type: bool
+dkms:
+  description:
+    - What DKMS built for the kernel of O(kernel_release) (C(dkms status -k)), once the driver is installed by a DKMS
+      path with O(kernel_headers). Keys C(kernel), C(modules) (module, version, kernel, arch, state) and C(built), true
+      when a module of the installed driver's version is installed for that kernel. C(built) is null where this
+      does not apply (nothing installed, signed prebuilt modules, no headers managed).
+  returned: always
+  type: dict
+  sample:
+    kernel: 6.12.118+deb13-amd64
+    built: true
+    modules:
+      - {module: nvidia-current, version: 550.163.01, kernel: 6.12.118+deb13-amd64, arch: x86_64, state: installed}
 reboot:
   description: The reboot decision (needed, reboot, reasons, blocked_by).
   returned: always
@@ -305,6 +320,22 @@ def installed_version(module, manager, package, host_root):
         return None
     rc, out, err = module.run_command([rpm, "-q", "--qf", "%{VERSION}", package])
     return out.strip() if rc == 0 and out.strip() else None
+
+
+def dkms_state(module, params, packages, action, installed, host_root):
+    """Which modules DKMS built for the kernel whose headers the role installs, once the driver is installed by a
+    DKMS path (not Canonical's signed modules); built is None where that does not apply."""
+    kernel = params["kernel_release"]
+    state = {"kernel": kernel, "modules": [], "built": None}
+    if (host_root != "/" or action != "install" or not installed or not params["kernel_headers"] or not kernel
+            or not packages or packages.get("signed_modules")):
+        return state
+    dkms = module.get_bin_path("dkms")
+    if dkms:
+        rc, out, err = module.run_command([dkms, "status", "-k", kernel])
+        state["modules"] = plan.parse_dkms_status(out)
+    state["built"] = plan.dkms_built(state["modules"], installed, kernel)
+    return state
 
 
 def parse_madison(text):
@@ -433,6 +464,7 @@ def main():
                                            ", ".join(offered) or "nothing"))
 
     installed = installed_version(module, packages.get("manager"), packages.get("version_package"), root)
+    dkms = dkms_state(module, p, packages, action, installed, root)
     machine_id = (_read(os.path.join(root, "etc/machine-id")) or "").strip()
     is_controller = bool(machine_id) and machine_id == (p["controller_machine_id"] or "").strip()
     reboot = plan.reboot_decision(installed, loaded_version, nouveau, p["reboot"],
@@ -443,7 +475,7 @@ def main():
         gpus=gpus, gpu_count=len(gpus), nvswitch_count=switches, nouveau_loaded=nouveau, secure_boot=secure_boot,
         mok_enrolled=enrolled, source=source, kernel_module_type=module_type, packages=packages,
         fabricmanager=fabricmanager, driver_action=action, action_reason=action_reason, reasons=reasons,
-        candidates=candidates, branch_available=available, reboot=reboot, errors=errors,
+        candidates=candidates, branch_available=available, reboot=reboot, errors=errors, dkms=dkms,
         plan_errors=plan.plan_check_errors(nouveau, action, reboot),
     )
 

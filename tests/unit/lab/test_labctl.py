@@ -49,6 +49,9 @@ def test_image_tag_follows_the_recipe():
     other = labctl.image_recipe("http://mirror.example/debian", None)
     assert labctl.image_tag(one) == labctl.image_tag(dict(one))
     assert labctl.image_tag(one) != labctl.image_tag(other)
+    # The Debian 13 workstation of `make test-driver` is another recipe; the bookworm one keeps its tag.
+    trixie = labctl.image_recipe("http://deb.debian.org/debian", None, "trixie")
+    assert trixie == dict(one, suite="trixie") and labctl.image_tag(trixie) != labctl.image_tag(one)
 
 
 @pytest.mark.parametrize("rc", [0, 2])

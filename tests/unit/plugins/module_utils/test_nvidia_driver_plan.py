@@ -148,11 +148,33 @@ def test_package_plan_ubuntu_cuda_repo():
 
 
 def test_package_plan_debian_non_free_and_cuda():
+    # Debian's archive names the open module nvidia-open-kernel-dkms (contrib); NVIDIA's repository
+    # nvidia-kernel-open-dkms. The headers of the kernel built for, and its flavour's meta package.
     p = plan.package_plan("Debian", "Debian", "12", "distribution", "535", "", "open", kernel_release="6.1.0-28-amd64")
     assert p["repository"] == "debian-non-free"
-    assert p["install"] == ["linux-headers-6.1.0-28-amd64", "nvidia-driver", "nvidia-kernel-open-dkms",
-                            "nvidia-persistenced", "firmware-misc-nonfree"]
+    assert p["install"] == ["linux-headers-6.1.0-28-amd64", "linux-headers-amd64", "nvidia-driver",
+                            "nvidia-open-kernel-dkms", "nvidia-persistenced", "libcuda1", "nvidia-smi",
+                            "firmware-nvidia-gsp"]
+    assert p["candidate_packages"] == ["nvidia-driver", "nvidia-open-kernel-dkms"]
+    assert {"nvidia-open-kernel-dkms", "nvidia-open-kernel-support", "linux-image-amd64",
+            "linux-headers-amd64"} <= set(p["hold"])
     assert p["fabricmanager"] is None  # Debian does not ship it
+    # Debian 13 (what `make test-driver` installs): 550, the cloud flavour's meta packages.
+    p = plan.package_plan("Debian", "Debian", "13", "distribution", "550", "", "open",
+                          kernel_release="6.12.57+deb13-cloud-amd64")
+    assert p["install"][:4] == ["linux-headers-6.12.57+deb13-cloud-amd64", "linux-headers-cloud-amd64",
+                                "nvidia-driver", "nvidia-open-kernel-dkms"]
+    assert {"linux-image-cloud-amd64", "linux-headers-cloud-amd64"} <= set(p["hold"])
+    p = plan.package_plan("Debian", "Debian", "13", "distribution", "550", "", "proprietary",
+                          kernel_release="6.12.57+deb13-amd64", kernel_headers=False)
+    assert p["install"] == ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-persistenced", "libcuda1", "nvidia-smi",
+                            "firmware-nvidia-gsp"]
+    assert "nvidia-kernel-support" in p["hold"] and "linux-image-amd64" in p["hold"]
+    p = plan.package_plan("Debian", "Debian", "13", "distribution", "550", "550.163.01", "open", kernel_headers=False)
+    assert p["install"] == ["nvidia-driver=550.163.01-*", "nvidia-open-kernel-dkms=550.163.01-*", "nvidia-persistenced",
+                            "libcuda1=550.163.01-*", "nvidia-smi=550.163.01-*", "firmware-nvidia-gsp"]
+    p = plan.package_plan("Debian", "Debian", "12", "cuda", "580", "", "open", kernel_release="6.1.0-28-amd64")
+    assert "nvidia-kernel-open-dkms" in p["install"] and "nvidia-kernel-support" in p["install"]
     p = plan.package_plan("Debian", "Debian", "12", "cuda", "580", "580.105.08", "proprietary")
     assert p["repository"] == "cuda" and "nvidia-kernel-dkms=580.105.08-*" in p["install"]
     assert p["fabricmanager"] == "nvidia-fabricmanager"
@@ -167,6 +189,49 @@ def test_package_plan_rhel_module_streams():
     assert "kmod-nvidia-open-dkms" in p["hold"] and p["fabricmanager"] == "nvidia-fabric-manager"
     p = plan.package_plan("RedHat", "RedHat", "9", "cuda", "570", "570.172.08", "proprietary", kernel_headers=False)
     assert p["module_stream"] == "nvidia-driver:570-dkms" and "nvidia-driver-570.172.08" in p["install"]
+
+
+@pytest.mark.parametrize("release, flavour", [
+    ("6.12.57+deb13-amd64", "amd64"), ("6.12.57+deb13-cloud-amd64", "cloud-amd64"), ("6.12.57+deb13-rt-amd64", "rt-amd64"),
+    ("6.12.57+deb13-arm64", "arm64"), ("6.1.0-28-amd64", "amd64"), ("6.12.9+bpo-amd64", "amd64"),
+    ("6.18.44-fc-v1252", None), ("", None), (None, None)])
+def test_debian_kernel_flavour(release, flavour):
+    assert plan.debian_kernel_flavour(release) == flavour
+
+
+def test_package_plan_debian_kernel_not_debians():
+    # A kernel Debian did not build (the lab container's host kernel): its headers only, the amd64 metas held.
+    p = plan.package_plan("Debian", "Debian", "13", "distribution", "550", "", "open", kernel_release="6.18.44-fc-v1252")
+    assert p["install"][:2] == ["linux-headers-6.18.44-fc-v1252", "nvidia-driver"]
+    assert "linux-image-amd64" in p["hold"]
+
+
+# The first line is what dkms 3.2.2 printed on Debian 13 after nvidia-kernel-dkms 550.163.01-2 (`make test-driver`,
+# docs/measurements.md); then a module only added, one built but not installed, and dkms 2's comma form.
+DKMS_STATUS = (
+    "nvidia-current/550.163.01, 6.12.118+deb13-amd64, x86_64: installed\n"
+    "zfs/2.3.2: added\n"
+    "nvidia-current-open/550.163.01, 6.12.48+deb13-amd64, x86_64: built\n"
+    "nvidia, 535.247.01, 6.1.0-28-amd64, x86_64: installed (original_module exists)\n"
+)
+
+
+def test_parse_dkms_status():
+    entries = plan.parse_dkms_status(DKMS_STATUS)
+    assert entries[0] == {"module": "nvidia-current", "version": "550.163.01", "kernel": "6.12.118+deb13-amd64",
+                          "arch": "x86_64", "state": "installed"}
+    assert [e["state"] for e in entries] == ["installed", "built", "installed (original_module exists)"]
+    assert entries[2]["module"] == "nvidia" and entries[2]["version"] == "535.247.01"
+    assert plan.parse_dkms_status("") == [] and plan.parse_dkms_status(None) == []
+
+
+def test_dkms_built():
+    entries = plan.parse_dkms_status(DKMS_STATUS)
+    assert plan.dkms_built(entries, "550.163.01", "6.12.118+deb13-amd64") is True
+    assert plan.dkms_built(entries, "550.163.01", "6.12.48+deb13-amd64") is False  # built, not installed
+    assert plan.dkms_built(entries, "550.163.02", "6.12.118+deb13-amd64") is False  # another driver version
+    assert plan.dkms_built(entries, "535.247.01", "6.1.0-28-amd64") is True
+    assert plan.dkms_built([], "550.163.01", "6.12.118+deb13-amd64") is False
 
 
 def test_branch_available():

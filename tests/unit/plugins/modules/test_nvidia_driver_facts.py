@@ -83,6 +83,8 @@ def test_nothing_present_degrades_to_clear_facts(facts, fake_host):
     assert result["secure_boot"] is False  # no EFI folder: legacy boot
     assert result["driver_action"] == "install" and result["action_reason"] == "no NVIDIA driver is loaded"
     assert result["kernel_module_type"] == "open"
+    # Nothing installed (and a simulated root): no DKMS state to read, so nothing for the role to check.
+    assert result["dkms"] == {"kernel": "", "modules": [], "built": None}
 
 
 def test_nouveau_and_bad_request(facts, fake_host):
