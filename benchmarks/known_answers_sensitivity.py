@@ -122,6 +122,11 @@ def largest_change(recorded: list, observed: list) -> float:
     return round(largest, 4)
 
 
+def other_tokens(recorded: list, observed: list) -> int:
+    """How many answers chose another token somewhere in the compared positions (a flip the gate may have allowed)."""
+    return sum(rec["tokens"][:POSITIONS] != obs["tokens"][:POSITIONS] for rec, obs in zip(recorded, observed))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image", default="vllm/vllm-openai:v0.32.0")
@@ -145,7 +150,9 @@ def main() -> int:
                 observed = answers(args.image, folder)
                 failures = ka.compare(reference, observed, ka.DEFAULT_PROMPTS, **TOLERANCE)
                 row = {"tensor": tensor, "eps": eps, "gate": "failed" if failures else "passed",
-                       "failed_prompts": len(failures), "largest_logprob_change": largest_change(reference, observed)}
+                       "failed_prompts": len(failures), "largest_logprob_change": largest_change(reference, observed),
+                       "answers_with_other_tokens": other_tokens(reference, observed),
+                       "first_failure": failures[0][:300] if failures else ""}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 shutil.rmtree(folder)
@@ -154,7 +161,8 @@ def main() -> int:
     print("smallest noise (relative to the tensor's RMS) the gate caught: " + json.dumps(caught))
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"image": args.image, "tolerance": TOLERANCE, "rows": rows, "smallest_caught": caught}, handle,
+            json.dump({"image": args.image, "tolerance": TOLERANCE, "rows": rows, "smallest_caught": caught,
+                       "reference": reference}, handle,
                       indent=1)
     return 0
 
