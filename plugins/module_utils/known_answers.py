@@ -163,17 +163,44 @@ def non_finite(answers: list) -> str:
     return ""
 
 
+def not_gated(stored, wanted: dict, mode: str) -> str:
+    """Why a server's answers were recorded instead of compared, in words: such a server was not gated. STORED is the
+    answers file's content (None when there is none), WANTED the identity the server claims (identity()). The file
+    holds one identity's answers: those of another revision are replaced, so they gate nothing after this."""
+    if mode == "accept":
+        return "answers accepted as they are (mode accept): recorded now, not gated"
+    had = stored.get("identity") if isinstance(stored, dict) else None
+    if not isinstance(had, dict):
+        return "no recorded answers on this host for %s: recorded now, not gated" % _describe(
+            wanted, ("model", "revision"))
+    keys = [k for k in ("model", "revision", "dtype", "runner") if had.get(k) != wanted[k]]
+    if had.get("prompts") != wanted["prompts"]:
+        keys.append("prompts")
+    if had.get("format") != wanted["format"] or not keys:
+        keys.append("format")
+    return "no recorded answers for %s (this host's were for %s): recorded now, not gated" % (
+        _describe(wanted, keys, "this prompt set"), _describe(had, keys, "another prompt set"))
+
+
+def _describe(ident: dict, keys, prompts="this prompt set") -> str:
+    words = {"prompts": prompts, "format": "answers format %s" % ident.get("format")}
+    return ", ".join(words.get(k) or "%s %s" % (k, ident.get(k) or ("(none pinned)" if k == "revision" else "''"))
+                     for k in keys)
+
+
 def run(http, *, answers_file: str, model: str, revision: str, model_config, runner: str, served_model_name: str,
         prompts, positions: int, top_logprobs: int, max_logprob_delta: float, tie_margin: float, min_cosine: float,
         mode: str, image: str, read_json, write_json, now: str) -> dict:
-    """The gate on one server: {outcome, changed, failures, seconds, answers_file, error}. MODE gate (compare, record
-    when nothing is recorded), record_missing (record only when nothing is recorded; a difference is reported, not a
-    failure) or accept (record the answers as they are). ERROR is the failure's message, '' when the gate passed.
+    """The gate on one server: {outcome, changed, failures, seconds, answers_file, note, error}. MODE gate (compare,
+    record when nothing is recorded for this identity), record_missing (record only when nothing is recorded; a
+    difference is reported, not a failure) or accept (record the answers as they are). NOTE says why answers were
+    recorded instead of compared (outcome recorded: the server was not gated), '' otherwise. ERROR is the failure's
+    message, '' when the gate passed.
     READ_JSON(path) -> parsed or None, WRITE_JSON(path, content) and NOW (a UTC timestamp) are the caller's I/O."""
     import time
 
     result = {"outcome": "", "changed": False, "failures": [], "seconds": 0.0, "answers_file": answers_file,
-              "error": ""}
+              "note": "", "error": ""}
     prompts = list(prompts) or list(DEFAULT_PROMPTS)
     config = read_json(model_config) if model_config else None
     stored = read_json(answers_file)
@@ -210,5 +237,5 @@ def run(http, *, answers_file: str, model: str, revision: str, model_config, run
                    recorded.get("recorded_at") or "an unknown time", failures[0])))
         return result
     write_json(answers_file, {"identity": wanted, "image": image, "answers": answers, "recorded_at": now})
-    result.update(outcome="recorded", changed=True)
+    result.update(outcome="recorded", changed=True, note=not_gated(stored, wanted, mode))
     return result

@@ -219,7 +219,9 @@ gate:
   returned: when it ran
   type: dict
 known_answers:
-  description: The known-answer gate's outcome, seconds and failures.
+  description: >-
+    The known-answer gate's outcome, seconds, failures and note (why answers were recorded instead of compared,
+    C(vllm_known_answers)'s C(note); empty when they were compared).
   returned: when it ran
   type: dict
 kv_check:
@@ -503,7 +505,7 @@ class Deployment:
         details = self.details.get(self.desired, {})
         ka = details.get("known_answers") or {}
         return dict(changed=self.changed, actions=self.actions, gate=details.get("gate", {}),
-                    known_answers={k: ka[k] for k in ("outcome", "seconds", "failures") if k in ka},
+                    known_answers={k: ka[k] for k in ("outcome", "seconds", "failures", "note") if k in ka},
                     kv_check=details.get("kv_check", {}), benchmark=details.get("benchmark") or {},
                     deployment=self.desired, **extra)
 

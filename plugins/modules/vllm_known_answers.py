@@ -16,10 +16,11 @@ description:
     O(max_logprob_delta) of the recorded one. A position where the recording was a near tie (top two logprobs closer
     than O(tie_margin)) may flip, since vLLM is not batch invariant; the rest of that answer is then not compared. A
     non-finite logprob always fails. Embeddings match when their cosine similarity is at least O(min_cosine).
-  - Without recorded answers for this identity (a new model, revision, dtype or prompt set) the answers are recorded,
-    and the result says so. O(mode=accept) records the server's answers in any case (an upgrade whose different
-    answers an operator has checked); O(mode=record_missing) only records where none are (a server that is not being
-    replaced) and never fails on a difference.
+  - Without recorded answers for this identity (a new model, revision, dtype or prompt set) the answers are recorded
+    in place of any others, and the server is not gated; RV(note) says so and what the replaced answers were for (a
+    changed revision is never compared with another revision's answers). O(mode=accept) records the server's answers
+    in any case (an upgrade whose different answers an operator has checked); O(mode=record_missing) only records
+    where none are (a server that is not being replaced) and never fails on a difference.
   - A failure's message names the first failing prompt and its first diverging token.
 extends_documentation_fragment:
   - onprem.vllm.vllm_server
@@ -138,6 +139,12 @@ answers_file:
   description: Where the answers are kept.
   returned: always
   type: str
+note:
+  description: >-
+    Why the answers were recorded instead of compared (the server was not gated), for example "no recorded answers
+    for revision X (this host's were for revision Y): recorded now, not gated"; empty otherwise.
+  returned: always
+  type: str
 recorded_with:
   description: The image and time the compared answers were recorded with.
   returned: when answers were compared
@@ -184,7 +191,7 @@ def main():
         path = deployment_record.answers_path(p["config_dir"], p["name"])
     except deployment_record.RecordError as exc:
         module.fail_json(msg=str(exc))
-    result = dict(changed=False, failures=[], seconds=0.0, answers_file=path)
+    result = dict(changed=False, failures=[], seconds=0.0, answers_file=path, note="")
     if module.check_mode:
         module.exit_json(outcome="skipped", **result)
 

@@ -124,3 +124,39 @@ def test_the_lab_s_recorded_answers():
         status, body = 400, json.dumps(lab["nan_http_400"])
     with pytest.raises(ka.AnswersError, match="logprobs are not finite"):
         ka.ask_all(lambda *_: Answer, "generate", "q", prompts[:1], 16, 5)
+
+
+def test_a_changed_revision_is_recorded_and_says_it_was_not_gated():
+    """The answers file holds one identity's answers: a server of another revision is never compared with them; its
+    answers replace them, and the note says that server was not gated."""
+    files = {}
+
+    def gate(revision, mode="gate", tokens=("A", "B")):
+        def http(_method, _path, _body):
+            class Answer:
+                status, body = 200, chat_body([(t, -0.5, -3.0) for t in tokens])
+            return Answer
+        return ka.run(http, answers_file="f", model="m", revision=revision, model_config="", runner="generate",
+                      served_model_name="q", prompts=["p"], positions=2, top_logprobs=2, max_logprob_delta=0.5,
+                      tie_margin=0.5, min_cosine=0.995, mode=mode, image="i", read_json=files.get,
+                      write_json=files.__setitem__, now="t")
+
+    first = gate("d" * 40)
+    assert first["outcome"] == "recorded" and first["note"] == (
+        "no recorded answers on this host for model m, revision %s: recorded now, not gated" % ("d" * 40))
+    assert gate("d" * 40)["outcome"] == "passed" and gate("d" * 40)["note"] == ""
+    # Other answers under a new revision: recorded, not failed, and said.
+    upgraded = gate("e" * 40, tokens=("X", "Y"))
+    assert upgraded["outcome"] == "recorded" and upgraded["changed"] and upgraded["failures"] == []
+    assert upgraded["note"] == ("no recorded answers for revision %s (this host's were for revision %s): recorded "
+                                "now, not gated" % ("e" * 40, "d" * 40))
+    assert files["f"]["identity"]["revision"] == "e" * 40
+    # Back to the first revision: its answers were replaced, so it is not gated either.
+    assert gate("d" * 40)["note"].startswith("no recorded answers for revision " + "d" * 40)
+    assert gate("", mode="record_missing")["note"] == (
+        "no recorded answers for revision (none pinned) (this host's were for revision %s): recorded now, not gated"
+        % ("d" * 40))
+    assert gate("", mode="accept")["note"] == "answers accepted as they are (mode accept): recorded now, not gated"
+    files["f"]["identity"]["prompts"] = ["other"]
+    assert gate("")["note"] == ("no recorded answers for this prompt set (this host's were for another prompt set): "
+                                "recorded now, not gated")

@@ -98,10 +98,14 @@ def test_record_then_pass_then_a_changed_token_fails(gate, double, tmp_path):
     assert gate()[1]["outcome"] == "passed"
 
 
-def test_a_new_revision_records_fresh_answers(gate):
+def test_a_new_revision_records_fresh_answers_and_says_it_was_not_gated(gate, double):
     assert gate()[1]["outcome"] == "recorded"
+    assert gate()[1]["note"] == ""
+    double.tokens["Count"] = ["A", "X", "C"]  # another revision answers otherwise: it is not compared
     rc, result = gate(revision="e" * 40)
-    assert rc == 0 and result["outcome"] == "recorded"
+    assert rc == 0 and result["outcome"] == "recorded" and result["failures"] == []
+    assert result["note"] == ("no recorded answers for revision %s (this host's were for revision %s): recorded now, "
+                              "not gated" % ("e" * 40, "d" * 40))
 
 
 def test_nan_fails_even_without_recorded_answers(gate, double, tmp_path):
