@@ -15,8 +15,8 @@
 -- the server's middleware: counts and names only). One that says it drains for a shutdown, not for a GPU fault, is
 -- a planned restart: while no server of its backend is UP, the backend's requests wait, for at most the bound this
 -- file is loaded with (lua-load's argument, gateway_hold_timeout) from the drain's start, through the reboot (a host
--- that answers nothing keeps its mark) until a server is UP again. A GPU fault, a crash or a server that never said
--- it drains is never held: its requests get the JSON 503 at once.
+-- that answers nothing, or has booted and does not drain any more, keeps its mark) until a server is UP again. A GPU
+-- fault, a crash or a server that never said it drains is never held: its requests get the JSON 503 at once.
 local holds = {}
 -- backend name -> server name -> the time (ms) its drain for a shutdown was first seen
 local planned = {}
@@ -24,7 +24,7 @@ local PLANNED_BOUND_MS = math.floor((tonumber((...)) or 0) * 1000)
 
 local POLL_MS = 100
 local STATUS_POLL_MS = 500
-local STATUS_TIMEOUT_MS = 1000
+local STATUS_TIMEOUT_MS = 2000
 
 local function now_ms()
   local t = core.now()
@@ -53,8 +53,9 @@ local function as_json(name, hold)
     math.max(0, hold.until_ms - now), waiting, hold.held, longest)
 end
 
--- What a server's middleware says of its drain: "shutdown" (draining, no GPU fault), "other" (it answered anything
--- else), nil (no answer: stopped, rebooting or unreachable).
+-- What a server's middleware says of its drain: "shutdown" (draining, no GPU fault), "fault" (a GPU fault), "other"
+-- (it answered anything else: not draining, or no drain status at all), nil (no answer: stopped, rebooting or
+-- unreachable).
 local function drain_status(server)
   local response = core.httpclient():get{ url = "http://" .. server:get_addr() .. "/onprem/drain",
                                            timeout = STATUS_TIMEOUT_MS }
@@ -62,14 +63,18 @@ local function drain_status(server)
     return nil
   end
   local body = response.body or ""
+  if response.status == 200 and body:find('"gpu_fault":%s*true') then
+    return "fault"
+  end
   if response.status == 200 and body:find('"draining":%s*true') and body:find('"gpu_fault":%s*false') then
     return "shutdown"
   end
   return "other"
 end
 
--- Mark the servers of a backend that went DOWN for a planned shutdown; clear a mark once the server is UP (or says it
--- drains no more, or for a GPU fault); an unanswered server keeps its mark (the host is rebooting).
+-- Mark the servers of a backend that went DOWN for a planned shutdown; clear a mark once the server is UP or reports
+-- a GPU fault. A marked server that answers nothing (the host is off) or no longer drains (it has booted, and the
+-- gateway's checks have not brought it UP yet) keeps its mark: the hold lasts until a server is UP, within its bound.
 local function update_planned(name, backend)
   local marks = planned[name] or {}
   for server_name, server in pairs(backend.servers) do
@@ -78,7 +83,7 @@ local function update_planned(name, backend)
       local said = drain_status(server)
       if said == "shutdown" then
         marks[server_name] = marks[server_name] or now_ms()
-      elseif said == "other" then
+      elseif said == "fault" then
         marks[server_name] = nil
       end
     elseif status:sub(1, 2) == "UP" or status == "no check" then

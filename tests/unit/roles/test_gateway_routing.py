@@ -852,7 +852,7 @@ def test_a_planned_shutdown_of_a_deployments_only_host_holds_its_requests_until_
 def test_a_gpu_fault_of_a_deployments_only_host_is_never_held(gateway):
     status, seconds, answer = gateway["shutdown_and_fault"]["fault"]
     assert status == 503 and answer["error"]["code"] == 503, (status, answer)
-    assert seconds < 3, seconds
+    assert seconds < 5, seconds  # one drain-status read of the faulty server, then the 503
     fault_lines = [line for line in gateway["log"].splitlines() if 'request_id="not-held-fault"' in line]
     assert len(fault_lines) == 1 and not re.search(r"held_ms=\d", fault_lines[0]), fault_lines
 
