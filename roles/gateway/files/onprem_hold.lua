@@ -20,6 +20,8 @@
 local holds = {}
 -- backend name -> server name -> the time (ms) its drain for a shutdown was first seen
 local planned = {}
+-- backend name -> when (ms) update_planned last finished asking a DOWN server of it its drain status
+local polled_at = {}
 local PLANNED_BOUND_MS = math.floor((tonumber((...)) or 0) * 1000)
 
 local POLL_MS = 100
@@ -81,6 +83,7 @@ local function update_planned(name, backend)
     local status = server:get_stats()["status"] or ""
     if status:sub(1, 4) == "DOWN" then
       local said = drain_status(server)
+      polled_at[name] = now_ms()
       if said == "shutdown" then
         marks[server_name] = marks[server_name] or now_ms()
       elseif said == "fault" then
@@ -149,8 +152,11 @@ core.register_action("onprem_hold", { "http-req" }, function(txn)
   if PLANNED_BOUND_MS <= 0 then
     return
   end
-  -- The task may not have seen the drain yet (it polls twice a second): ask now rather than refuse the request.
-  update_planned(name, backend)
+  -- The task may not have seen the drain yet (it polls twice a second): ask now rather than refuse the request, unless
+  -- a DOWN server was asked within that time (a burst of requests to a faulty or dead host asks it once, not each).
+  if now_ms() - (polled_at[name] or 0) >= STATUS_POLL_MS then
+    update_planned(name, backend)
+  end
   local deadline = planned_until(name)
   if deadline == nil or now_ms() >= deadline then
     return
