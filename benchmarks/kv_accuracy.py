@@ -67,6 +67,10 @@ H100_COMPILED_DATA = os.path.join(ROOT, "benchmarks", "data", "kv-h100-vllm0.26-
 # The other utilization x length cells, recorded after the planner's terms and margins were set: all held out.
 H100_MORE_DATA = os.path.join(ROOT, "benchmarks", "data", "kv-h100-vllm0.26-compiled-2026-12-06")
 H100_MARGIN_CELLS = (("sliding window", "compiled"),)
+# A compiled server per family with its pool pinned above what `auto` pins, under a load of max_num_seqs requests of
+# max_model_len prompts (kv_startups.sh LOAD): load-ID.log, with the startup that sized the pool where it is not in
+# the startups' folders. gemma-3's load is in H100_COMPILED_DATA.
+H100_LOADS_DATA = os.path.join(ROOT, "benchmarks", "data", "kv-h100-vllm0.26-pinned-loads-2026-12-06")
 LOG_ROUNDING_GIB = 0.005  # vLLM prints GiB with two decimals
 # What a plan should meet (available KV memory, % of the budget): within 1 %, never above vLLM's by more than 0.5 %.
 TARGET_ABS_ERROR = 0.01

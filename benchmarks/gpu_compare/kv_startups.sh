@@ -7,7 +7,7 @@
 # ... non-torch memory, and ... CUDAGraph memory", logged after graph capture): 55-145 s a startup on the H200
 # (2026-12-01: eager ~55 s, compiled ~75 s with a warm torch.compile cache, ~100 s cold, the MoE model 143 s).
 # From the repository root, after benchmarks/gpu_compare/pack.sh (one device call each):
-#   bash benchmarks/gpu_compare/kv_startups.sh stage1      # carry .device/gpu-compare-1: vLLM's kernels -> $STAGE
+#   bash benchmarks/gpu_compare/kv_startups.sh stage1      # carry .device/gpu-compare-1a, then again -1b: vLLM's kernels
 #   bash benchmarks/gpu_compare/kv_startups.sh stage3      # carry .device/gpu-compare-3: vLLM's MoE kernels -> $STAGE
 #   bash benchmarks/gpu_compare/kv_startups.sh run ID...   # carry .device/gpu-compare-2 (first run call only): unpack
 #                                                          # the site, then the listed startups in order (all: every ID)
@@ -15,7 +15,7 @@
 # The compiled family set (gemma 3 sliding window, block-FP8 MoE, Granite 4.0-H Mamba2, Qwen3-Next gated delta net,
 # Qwen3-VL MoE, Qwen3 dense; 2 utilizations x 2 lengths each, cut to few layers, two near misses of the fit check and
 # a load of a pinned pool), about 30 min of one H100 or H200 in four calls back to back (a machine idle 30 s goes back):
-#   stage1 (carry gpu-compare-1); stage3 (carry gpu-compare-3);
+#   stage1 (carry gpu-compare-1a), stage1 (carry gpu-compare-1b); stage3 (carry gpu-compare-3);
 #   BUDGET_S=560 ... run g3-27bL12-u090-32k ... q30moeL8-* ghtinyL10-*      (carry gpu-compare-2)
 #   BUDGET_S=560 LOAD=g3-27bL12-u090-32k:32 ... run q3nextL8-* qvl30bL8-* q8bL8-*
 # then: .venv/bin/python benchmarks/gpu_compare/parse_kv_startups.py DATA_DIR > DATA_DIR/runs.yaml.
@@ -99,6 +99,7 @@ q3nextL8-u090-32k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.9|32768||120
 q3nextL8-u050-32k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.5|32768||60
 q3nextL8-u090-256k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.9|262144||90
 q3nextL8-u050-256k|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.5|262144||60
+q3nextL8-u050-256k-triton|Qwen3-Next-80B-A3B-Instruct-FP8-L8|0.5|262144|--additional-config {"gdn_prefill_backend":"triton"}|110
 qvl30bL8-u090-32k|Qwen3-VL-30B-A3B-Instruct-L8|0.9|32768||110
 qvl30bL8-u050-32k|Qwen3-VL-30B-A3B-Instruct-L8|0.5|32768||60
 qvl30bL8-u090-256k|Qwen3-VL-30B-A3B-Instruct-L8|0.9|262144||90
@@ -120,8 +121,19 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
 case "${1:-}" in
   list) printf '%s\n' "$RUNS" | sed '/^$/d'; exit 0 ;;
   stage1)
-    mkdir -p "$STAGE/kernels"
-    unxz_to .device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz "$STAGE/kernels/_C_stable_libtorch.abi3.so"
+    mkdir -p "$STAGE/kernels" "$STAGE/parts"
+    # The kernels in one call (.device/gpu-compare-1), or, where the working tree and they pass the device tool's
+    # 64 MiB together, in parts over two calls (.device/gpu-compare-1a, -1b: pack.sh's part-K-of-N files).
+    xz_file=.device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz
+    if [ ! -f "$xz_file" ]; then
+      cp .device/gpu-compare-1*/_C_stable_libtorch.abi3.so.xz.part-* "$STAGE/parts/"
+      parts=("$STAGE"/parts/_C_stable_libtorch.abi3.so.xz.part-*)
+      total=${parts[0]##*-of-}
+      if [ "${#parts[@]}" -lt "$total" ]; then echo "stage1: ${#parts[@]} of $total parts here; carry the next"; exit 0; fi
+      cat "${parts[@]}" > "$STAGE/parts/_C_stable_libtorch.abi3.so.xz"
+      xz_file="$STAGE/parts/_C_stable_libtorch.abi3.so.xz"
+    fi
+    unxz_to "$xz_file" "$STAGE/kernels/_C_stable_libtorch.abi3.so"
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
     python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
     ls -la "$STAGE/kernels"; exit 0 ;;
@@ -255,13 +267,13 @@ for id in "$@"; do
   wait_gpu_free
   pack_logs
 done
-# LOAD=ID:SEQS (after the startups, if LOAD_ESTIMATE_S fits in what is left of BUDGET_S): the row ID again, its KV
+# LOAD="ID:SEQS ..." (after the startups, each if LOAD_ESTIMATE_S fits in what is left of BUDGET_S): the row ID again, its KV
 # pool pinned with --kv-cache-memory-bytes at what its own startup above logged as available plus 0.5 % of its budget
 # (the most a plan within the planner's stated error could pin before its margin), --max-num-seqs SEQS, then SEQS
 # requests at once of max_model_len - 32 prompt tokens (kv_load.py); the log (load-ID.log) keeps the server's output,
 # the client's report and the GPU's memory every second.
-if [ -n "${LOAD:-}" ]; then
-  id=${LOAD%%:*}; seqs=${LOAD##*:}
+for load in ${LOAD:-}; do
+  id=${load%%:*}; seqs=${load##*:}
   IFS='|' read -r _ model util max_len flags estimate run_env <<< "$(row "$id")"
   left=$(( BUDGET_S - ($(date +%s) - T0) ))
   if [ "$left" -lt "${LOAD_ESTIMATE_S:-150}" ]; then
@@ -313,8 +325,10 @@ print(int((avail + 0.005 * budget) * 2**30))' "$LOGS/$id.log")
     grep -E "out of memory|OutOfMemory|CUDA error|Traceback" "$log" | head -5 || true
     tail -8 "$log"
     printf 'load-%s\t%s\t%s\t-\n' "$id" "$ready" "$(( $(date +%s) - start ))" >> "$LOGS/runs.tsv"
+    wait_gpu_free
+    pack_logs
   fi
-fi
+done
 set +m
 pack_logs
 cat "$LOGS/runs.tsv"

@@ -4,7 +4,8 @@
 # network (the H200 this project borrows): vLLM 0.26.0 (the last release built for torch 2.11 + CUDA 13) and its
 # pure-Python dependencies as a site folder, plus the lab checkpoint's tokenizer. Its parts stay under 64 MiB each,
 # so each fits one call of the device tool:
-#   .device/gpu-compare-1/  vLLM's CUDA kernels (_C_stable_libtorch, xz)
+#   .device/gpu-compare-1a/, -1b/  vLLM's CUDA kernels (_C_stable_libtorch, xz) in two parts: beside the working
+#                           tree, the whole file (55 MB) passes the device tool's 64 MiB (kv_startups.sh stage1 joins them)
 #   .device/gpu-compare-2/  site.tar.xz (vLLM's Python code, its FlashAttention 3 kernels, dependencies) + tokenizer/
 #   .device/gpu-compare-3/  vLLM's MoE kernels (_moe_C_stable_libtorch, xz): only MoE models need them
 #                           (kv_startups.sh stages them; run.sh's dense benchmark does not)
@@ -48,13 +49,16 @@ DEPS=(agent-detector==2.0.0 annotated-types==0.8.0 anthropic==2.14.0 apache-tvm-
       referencing==0.37.0 rich-toolkit==0.20.6 rignore==0.8.1 rpds-py==2026.9.1 sentry-sdk==2.75.0
       setproctitle==1.3.8 sniffio==1.3.1 sse-starlette==3.7.0 starlette==1.10.0 supervisor==4.3.0 truststore==0.10.5
       typing-inspection==0.4.5 uvicorn==0.54.0 watchfiles==1.3.0 websockets==17.4 xgrammar==0.2.9)
-rm -rf "$WORK" .device/gpu-compare-1 .device/gpu-compare-2 .device/gpu-compare-3
-mkdir -p "$WORK/wheels" "$WORK/site" .device/gpu-compare-1 .device/gpu-compare-2/tokenizer .device/gpu-compare-3
+rm -rf "$WORK" .device/gpu-compare-1 .device/gpu-compare-1a .device/gpu-compare-1b .device/gpu-compare-2 .device/gpu-compare-3
+mkdir -p "$WORK/wheels" "$WORK/site" .device/gpu-compare-1a .device/gpu-compare-1b .device/gpu-compare-2/tokenizer .device/gpu-compare-3
 "${FETCH[@]}" -d "$WORK/wheels" "vllm==$VLLM_VERSION" "${DEPS[@]}"
 "${PIP[@]}" install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" --target "$WORK/site" "$WORK"/wheels/*.whl
 SITE="${WORK:?}/site"
-xz -T0 -6 -c "$SITE/vllm/_C_stable_libtorch.abi3.so" > .device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz
+xz -T0 -6 -c "$SITE/vllm/_C_stable_libtorch.abi3.so" > "$WORK/_C_stable_libtorch.abi3.so.xz"
+split_half=$(( ($(stat -c %s "$WORK/_C_stable_libtorch.abi3.so.xz") + 1) / 2 ))
+head -c "$split_half" "$WORK/_C_stable_libtorch.abi3.so.xz" > .device/gpu-compare-1a/_C_stable_libtorch.abi3.so.xz.part-1-of-2
+tail -c +$(( split_half + 1 )) "$WORK/_C_stable_libtorch.abi3.so.xz" > .device/gpu-compare-1b/_C_stable_libtorch.abi3.so.xz.part-2-of-2
 xz -T0 -6 -c "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" > .device/gpu-compare-3/_moe_C_stable_libtorch.abi3.so.xz
 rm -rf "${SITE:?}/vllm/_C_stable_libtorch.abi3.so" "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
   "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" "$SITE/vllm/third_party/deep_gemm" "$SITE/vllm/third_party/fmha_sm100" \
@@ -69,4 +73,4 @@ else
   # no lab built here: kv_startups.sh writes make_tokenizer.py's stand-in on the GPU machine instead
   rmdir .device/gpu-compare-2/tokenizer
 fi
-du -sh .device/gpu-compare-1 .device/gpu-compare-2 .device/gpu-compare-3
+du -sh .device/gpu-compare-1a .device/gpu-compare-1b .device/gpu-compare-2 .device/gpu-compare-3

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # On a borrowed GPU machine (CUDA PyTorch 2.11, no vLLM, no network), from the repository root:
-#   bash benchmarks/gpu_compare/run.sh stage   # call 1, carrying .device/gpu-compare-1: keeps vLLM's kernels in $STAGE
-#   bash benchmarks/gpu_compare/run.sh         # call 2, carrying .device/gpu-compare-2: the comparison
-#   bash benchmarks/gpu_compare/run.sh known-answers   # or, in call 2: the flags and the known-answer tolerance
+#   bash benchmarks/gpu_compare/run.sh stage   # calls 1 and 2, carrying .device/gpu-compare-1a, then -1b: vLLM's kernels
+#   bash benchmarks/gpu_compare/run.sh         # call 3, carrying .device/gpu-compare-2: the comparison
+#   bash benchmarks/gpu_compare/run.sh known-answers   # or, in call 3: the flags and the known-answer tolerance
 # Installs the pack (pack.sh), writes a Qwen3-shaped checkpoint (MODEL_SHAPE), starts vLLM's OpenAI server on CPUs 2-15, runs
 # benchmarks/compare_vllm_bench.py in local mode with both clients on CPUs 0-1 (further arguments go to it; the lab's
 # validated load: --output-len-range-ratio 0.5 --distinct-prompts --prompt-repeat 20). Results: $OUT
@@ -14,7 +14,11 @@ STAGE=${STAGE:-/root/gpu-compare}
 OUT=${OUT:-$PWD/gpu-compare-out}
 mkdir -p "$STAGE" "$OUT"
 if [ "${1:-}" = stage ]; then
-  cp .device/gpu-compare-1/_C_stable_libtorch.abi3.so.xz "$STAGE/"
+  # pack.sh's two parts (each call carries one; the second call joins them)
+  cp .device/gpu-compare-1*/_C_stable_libtorch.abi3.so.xz.part-* "$STAGE/"
+  parts=("$STAGE"/_C_stable_libtorch.abi3.so.xz.part-*)
+  if [ "${#parts[@]}" -lt "${parts[0]##*-of-}" ]; then echo "stage: ${#parts[@]} part(s) here; carry the next"; exit 0; fi
+  cat "${parts[@]}" > "$STAGE/_C_stable_libtorch.abi3.so.xz"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'
   exit 0

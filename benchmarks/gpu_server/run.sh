@@ -3,7 +3,7 @@
 # The vllm_server role's own server on a lent GPU machine (README.md beside this file). From the repository root:
 #   here:   bash benchmarks/gpu_compare/pack.sh          # vLLM 0.26.0's pack, as for the KV startups
 #           bash benchmarks/gpu_server/run.sh pack       # ansible-core's wheels -> .device/gpu-server
-#   there:  bash benchmarks/gpu_compare/kv_startups.sh stage1                 (carry .device/gpu-compare-1)
+#   there:  bash benchmarks/gpu_compare/kv_startups.sh stage1                 (carry .device/gpu-compare-1a, again -1b)
 #           bash benchmarks/gpu_server/run.sh           (carry .device/gpu-compare-2 and .device/gpu-server)
 # Results in $OUT: report.json (the plan, the command, every check's result), spec.json (the rendered container
 # spec), server.log (the server's output), play.log (the playbook's).

@@ -2,9 +2,11 @@
 """KV arithmetic, version-aware budget, vLLM constraint messages and suggestions."""
 from __future__ import annotations
 
+import glob
 import importlib.util
 import math
 import os
+import re
 import statistics
 
 import pytest
@@ -970,3 +972,63 @@ def test_runner_v1_per_graph_memory_follows_the_layers_as_logged():
     v026 = kc.parse_version("0.26.0")
     assert (kc.cudagraph_in_budget_bytes(moe, v026, False, True, 1, 8192, 1024, layers=24)
             < kc.cudagraph_in_budget_bytes(moe, v026, False, True, 1, 8192, 1024))
+
+
+# --- pinned pools under load on the H100 (kv_startups.sh LOAD; docs/kv_headroom.md) ----------------------------------
+
+# Loads that failed for a reason other than memory, each with the line its log must hold.
+LOAD_NOT_MEMORY = {
+    # the pack has no FlashInfer, which vLLM picks for Qwen3-Next's prefill on Hopper; the -triton load reruns it
+    "q3nextL8-u050-256k": "No module named 'flashinfer'",
+}
+LOAD_LOGS = sorted(glob.glob(os.path.join(BENCH.H100_LOADS_DATA, "load-*.log"))
+                   + glob.glob(os.path.join(BENCH.H100_COMPILED_DATA, "load-*.log")))
+
+
+def _load(path):
+    text = open(path).read()
+    head = re.search(r"^# load: (\S+), pool = available logged in \S+ \+ 0\.5 % of its budget = (\d+) bytes, "
+                     r"(\d+) requests$", text, re.M)
+    run_id, pool, seqs = head.group(1), int(head.group(2)), int(head.group(3))
+    source = next(os.path.join(folder, run_id + ".log") for folder in (
+        os.path.dirname(path), BENCH.H100_MORE_DATA, BENCH.H100_COMPILED_DATA)
+        if os.path.exists(os.path.join(folder, run_id + ".log")))
+    startup = open(source).read()
+    avail = float(re.findall(r"Available KV cache memory: ([\d.]+) GiB", startup)[-1])
+    budget = float(re.findall(r"Requested memory: [\d.]+ \(util\), ([\d.]+) GiB", startup)[-1])
+    client = re.search(r"^# load: (\d+) requests of (\d+) prompt tokens \+ \d+ output tokens at once: (\d+) ok", text,
+                       re.M)
+    return {"id": run_id, "pool": pool, "seqs": seqs, "text": text, "avail_gib": avail, "budget_gib": budget,
+            "client": client and tuple(int(g) for g in client.groups()),
+            "alive": "# server alive after the load: yes" in text, "exit0": "# client exit status 0:" in text}
+
+
+def _startup_request(run_id):
+    cell = run_id.removesuffix("-triton")
+    for _id, request_, _logged, _concurrency in BENCH.h100_startups() + H100_MORE:
+        if _id == cell:
+            return request_
+    raise AssertionError("no startup recorded for " + cell)
+
+
+@pytest.mark.parametrize("path", LOAD_LOGS, ids=[os.path.basename(p)[5:-4] for p in LOAD_LOGS])
+def test_a_pool_pinned_above_auto_survives_max_num_seqs_prompts_of_max_model_len(path):
+    load = _load(path)
+    # the pool: what the startup logged as available + 0.5 % of its budget, above anything `auto` pins
+    assert load["pool"] == int((load["avail_gib"] + 0.005 * load["budget_gib"]) * GIB)
+    request_ = _startup_request(load["id"])
+    result = kc.plan(request_)
+    assert result.available_kv_cache_bytes - result.fit_margin_bytes <= load["pool"], load["id"]
+    assert "out of memory" not in load["text"].lower() and "OutOfMemoryError" not in load["text"]
+    if load["id"] in LOAD_NOT_MEMORY:
+        assert LOAD_NOT_MEMORY[load["id"]] in load["text"]
+        return
+    requests, prompt_tokens, ok = load["client"]
+    assert (requests, ok) == (load["seqs"], load["seqs"]) and prompt_tokens == request_.max_model_len - 32
+    assert load["exit0"] and load["alive"]
+
+
+def test_a_compiled_model_of_every_family_was_loaded_with_its_pool_pinned():
+    loaded = {kc.plan_family(_startup_request(load["id"])) for load in map(_load, LOAD_LOGS)
+              if load["id"] not in LOAD_NOT_MEMORY and load["exit0"]}
+    assert loaded == {"dense", "moe", "sliding window", "mamba2", "gated delta net", "vision-language"}
