@@ -84,6 +84,9 @@ class ModelShape:
     vision_tokens_per_item: tuple = ()
     vision_output_width: int = 0
     deepstack_levels: int = 0
+    # The rotary embeddings' cos/sin caches vLLM makes when it builds the model (in the model dtype, on every GPU):
+    # positions x rotary dim, summed over its distinct rotary embeddings (rope_cache_elements below).
+    rope_cache_elements: int = 0
     checkpoint_bytes: Optional[int] = None
     extra: dict = field(default_factory=dict)
 
@@ -355,6 +358,37 @@ def _derived_max_model_len(cfg: dict, max_position_embeddings: int) -> tuple:
     return int(base * float(rope["factor"])), rope_type
 
 
+def rope_cache_elements(lm: dict, model_type: str, head_dim: int, max_pos: int) -> int:
+    """Elements of the cos/sin caches of vLLM's rotary embeddings (vllm/model_executor/layers/rotary_embedding, 0.26):
+    get_rope makes one per distinct setting, each a [positions, rotary_dim] tensor in the model dtype at load, before
+    the profile. Positions: max_position_embeddings; x the factor for linear and dynamic scaling; the original length
+    x the factor for YaRN; x 4 for a multimodal rope (MRotaryEmbedding: "enlarge max_position_embeddings to 4 times"
+    for video). Gemma 3's sliding layers have a second, unscaled one (rope_local_base_freq). 0 without rotary
+    positions (Granite 4.0-H's NoPE)."""
+    if str(lm.get("position_embedding_type") or "").lower() == "nope":
+        return 0
+    rope = lm.get("rope_scaling") or lm.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        rope = {}
+    rotary_dim = _positive_int(lm, "config.json", ("qk_rope_head_dim",), required=False)
+    if not rotary_dim:
+        factor = lm.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0
+        rotary_dim = int(head_dim * float(factor))
+    rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+    scale = float(rope.get("factor") or 1.0)
+    if "mrope_section" in rope:
+        positions = max_pos * 4
+    elif rope_type in ("linear", "dynamic"):
+        positions = int(max_pos * scale)
+    elif rope_type in ("yarn", "deepseek_yarn"):
+        positions = int((rope.get("original_max_position_embeddings") or max_pos) * scale)
+    else:
+        positions = max_pos
+    if model_type.startswith("gemma3"):  # its sliding layers' own rope (rope_local_base_freq, 10000 by default)
+        positions += max_pos
+    return positions * rotary_dim
+
+
 def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
     """Turn a config.json dict into a ModelShape, or raise ModelConfigError naming the missing/bad field."""
     lm = _language_config(cfg)
@@ -436,6 +470,7 @@ def parse_config(cfg: dict, source: str = "config.json") -> ModelShape:
         vision_tokens_per_item=VISION_TOKENS_PER_ITEM.get(str(cfg.get("model_type")), ()),
         vision_output_width=_vision_output_width(cfg.get("vision_config"), hidden),
         deepstack_levels=len((cfg.get("vision_config") or {}).get("deepstack_visual_indexes") or ()),
+        rope_cache_elements=rope_cache_elements(lm, model_type, head_dim, max_pos),
         extra={"dtype_bytes": _DTYPE_BYTES.get(dtype, 2)},
     )
 

@@ -165,3 +165,19 @@ def test_gemma3_multimodal_config_takes_its_text_defaults():
         assert getattr(full, name) == getattr(text, name), name
     assert full.vision_parameters > 400_000_000 and text.vision_parameters == 0
     assert full.vision_tokens_per_item == (("image", 256),)
+
+
+@pytest.mark.parametrize("model, elements", [
+    # vLLM 0.26's get_rope: one cos/sin cache per distinct rotary embedding, [positions, rotary dim]
+    ("Qwen3-8B", 40960 * 128),
+    ("Qwen3-VL-30B-A3B-Instruct", 262144 * 4 * 128),  # MRotaryEmbedding: max_position_embeddings x 4
+    ("gemma-3-27b-it-text", 131072 * 8 * 128 + 131072 * 128),  # linear x 8, and the sliding layers' unscaled one
+    ("gemma-3-27b-it", 131072 * 8 * 128 + 131072 * 128),  # the same from the multimodal config's text defaults
+    ("Qwen3-Next-80B-A3B-Instruct-FP8", 262144 * 64),  # partial_rotary_factor 0.25 of head_dim 256
+    ("gpt-oss-20b", 4096 * 32 * 64),  # YaRN: the original length x the factor
+    ("granite-4.0-h-tiny", 0),  # NoPE
+])
+def test_rope_cache_elements_follow_vllms_rotary_embeddings(model, elements):
+    configs = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "benchmarks", "gpu_compare",
+                           "model-configs")
+    assert load_model_shape(os.path.join(configs, model)).rope_cache_elements == elements
