@@ -224,7 +224,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = json.loads(raw)
         seen = {"backend": NAME, "body_length": len(raw), "model_offset": raw.find(b'"model"'),
                 "auth_ok": self.headers.get("Authorization") == "Bearer " + KEY,
-                "request_id": self.headers.get("X-Request-Id")}
+                "request_id": self.headers.get("X-Request-Id"), "client": self.headers.get("X-Onprem-Client")}
         model = body.get("model")
         if (body.get("messages") or [{}])[0].get("content") == "slow":
             time.sleep(1.5)  # a long generation: the client-limit checks hold requests open with it
@@ -562,10 +562,41 @@ def _self_signed_pem(name):
                               serialization.NoEncryption()).decode())
 
 
-def _haproxy_check(config):
+def _haproxy_check(config, state):
     """HAProxy's own check of a folder of rendered files, warnings made errors (-dW)."""
-    return _docker("run", "--rm", "--network", "none", "-v", "%s:/usr/local/etc/haproxy:ro" % config, GATEWAY_IMAGE,
+    return _docker("run", "--rm", "--network", "none", "-v", "%s:/usr/local/etc/haproxy:ro" % config,
+                   "-v", "%s:/var/lib/haproxy-state:ro" % state, GATEWAY_IMAGE,
                    "-dW", "-c", "-f", "/usr/local/etc/haproxy/haproxy.cfg", check=False)
+
+
+def _admin(runtime, command):
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(runtime / "admin.sock"))
+        sock.sendall(command.encode() + b"\n")
+        return b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+
+
+def _budget_refusal(runtime, port):
+    """The usage service's way to refuse a client over its budget: an entry of the ACL file, added and removed on the
+    admin socket. The outcome of a chat request of the full client before, during and after."""
+    acl = "/var/lib/haproxy-state/over-budget.lst"
+
+    def ask():
+        request = urllib.request.Request(
+            "http://127.0.0.1:%d/v1/chat/completions" % port, method="POST",
+            data=json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": "x"}]}).encode(),
+            headers={"Authorization": "Bearer " + FULL_KEY, "Content-Type": "application/json",
+                     "X-Onprem-Client": "forged"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return {"status": answer.status, "client": json.load(answer)["stand_in"]["client"]}
+        except urllib.error.HTTPError as exc:
+            return {"status": exc.code, "body": json.load(exc)}
+    before = ask()
+    _admin(runtime, "add acl %s full/tiny-chat" % acl)
+    refused = ask()
+    _admin(runtime, "del acl %s full/tiny-chat" % acl)
+    return {"before": before, "refused": refused, "after": ask()}
 
 
 def _server_status(runtime, backend, server):
@@ -687,7 +718,8 @@ def gateway(tmp_path_factory):
     (other / "tls.pem").write_text(tls_cert + tls_key)
     for folder in (config, other):
         folder.chmod(0o755)
-    config_checks = {"routing": _haproxy_check(config), "other branches": _haproxy_check(other)}
+    (state / "over-budget.lst").write_text("")  # the gateway role creates it empty; the usage service fills it
+    config_checks = {"routing": _haproxy_check(config, state), "other branches": _haproxy_check(other, state)}
 
     network = prefix + "-net"
     containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client", "flood")]
@@ -729,8 +761,9 @@ def gateway(tmp_path_factory):
             with urllib.request.urlopen(request, timeout=30) as answer:
                 during_flood = {"status": answer.status, "seconds": time.monotonic() - started}
             flooded = json.loads(flood.stdout.read())
+        budget = _budget_refusal(runtime, port)
         shutdown_and_fault = _shutdown_and_fault(tmp, runtime, prefix, port)
-        yield {"shutdown_and_fault": shutdown_and_fault, "config": config, "config_checks": config_checks, "outcomes": outcomes, "drain_rc": drain_rc,
+        yield {"budget": budget, "shutdown_and_fault": shutdown_and_fault, "config": config, "config_checks": config_checks, "outcomes": outcomes, "drain_rc": drain_rc,
                "drain_tasks": drain_tasks, "flooded": flooded, "during_flood": during_flood,
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
                "log": _gateway_log(prefix + "-gw")}
@@ -932,6 +965,14 @@ def test_a_client_over_its_rate_gets_429_and_the_others_are_served(gateway):
     for refused in (result for result in outcomes["noisy_rate"] if result["status"] == 429):
         assert refused["headers"].get("retry-after") == "1" and "3 requests per second" in refused["body"]
     assert outcomes["quiet_after_rate"]["status"] == 200
+
+
+def test_a_client_over_its_token_budget_gets_insufficient_quota_and_the_server_learns_only_its_name(gateway):
+    budget = gateway["budget"]
+    # The client's own X-Onprem-Client is replaced by the name its key maps to.
+    assert budget["before"] == {"status": 200, "client": "full"} == budget["after"], budget
+    assert budget["refused"]["status"] == 429, budget
+    assert budget["refused"]["body"]["error"]["type"] == "insufficient_quota" == budget["refused"]["body"]["error"]["code"]
 
 
 def test_a_client_over_its_body_size_gets_413(gateway):

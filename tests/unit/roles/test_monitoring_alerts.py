@@ -57,7 +57,17 @@ def exported():
         names |= set(re.findall(r"(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)", read(FIXTURES, name)))
     names |= set(re.findall(r"(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)", xid_monitor_metrics()))
     names |= set(re.findall(r'(?m)^onprem_vllm_hf_cache_filesystem', read(ROLE, "tasks", "node_exporter.yml")))
+    names |= set(re.findall(r"(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)", usage_service_metrics()))
     return names | {"up"}
+
+
+def usage_service_metrics():
+    spec = importlib.util.spec_from_file_location(
+        "usage_service_for_test", os.path.join(ROOT, "roles", "gateway", "files", "onprem_gateway_usage.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    states = [{"client": "c", "period": "day", "tokens": 10, "models": [], "used": 1}]
+    return module.render_metrics({("2026-12-06", "c", "m"): [1, 2, 3]}, states, 1, 0, 0.0)
 
 
 def metric_names(expr):
@@ -82,7 +92,8 @@ def test_every_rule_has_a_runbook_a_summary_a_severity_and_a_threshold_variable(
         "VllmServerDown", "VllmKvCacheNearlyFull", "VllmPreemptionsIncreasing", "VllmRequestsWaiting",
         "VllmTtftP99High", "GatewayHostOutOfRotation", "GatewayServerRejectsKey",
         "GatewayMetricsDown", "GpuCriticalXid", "GpuFaultDrained",
-        "XidMonitorFailing", "HfCacheDiskNearlyFull"}
+        "XidMonitorFailing", "HfCacheDiskNearlyFull", "ClientTokenBudgetNearlyUsed", "ClientTokenBudgetExhausted",
+        "UsageCountsStale"}
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert len(rule["annotations"]["runbook"]) > 60 and rule["annotations"]["summary"], rule["alert"]
@@ -161,7 +172,7 @@ def test_schema_check_catches_a_broken_dashboard(breakage):
 def test_dashboard_is_importable_and_covers_the_fleet():
     doc = dashboard()
     assert doc["uid"] == "onprem-vllm-fleet" and "id" not in doc  # import keeps the uid, assigns its own id
-    assert [v["name"] for v in doc["templating"]["list"]] == ["datasource", "host"]
+    assert [v["name"] for v in doc["templating"]["list"]] == ["datasource", "host", "client"]
     assert all(p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for p in doc["panels"])
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids))
@@ -171,5 +182,5 @@ def test_dashboard_is_importable_and_covers_the_fleet():
     for name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
                  "vllm:generation_tokens_total", "vllm:num_preemptions_total", "haproxy_server_status",
-                 "onprem_vllm_xid_events_total"):
+                 "onprem_vllm_xid_events_total", "onprem_vllm_usage_tokens_total", "onprem_vllm_usage_budget_used_tokens"):
         assert name in used, name
