@@ -72,7 +72,7 @@ async def _send(_message):
 
 async def _timed(app, count):
     times = []
-    for _ in range(count):
+    for _request in range(count):
         started = time.perf_counter()
         await app(SCOPE, _receive, _send)
         times.append(time.perf_counter() - started)
@@ -103,7 +103,7 @@ def main(argv=None):
             bare = _app(pieces)
             counted = usage.UsageMiddleware(bare, directory=folder, model="qwen3")
             without, with_ = [], []
-            for _ in range(10):  # interleaved rounds: the machine's drift falls on both alike
+            for _round in range(10):  # interleaved rounds: the machine's drift falls on both alike
                 without += asyncio.run(_timed(bare, args.requests // 10))
                 with_ += asyncio.run(_timed(counted, args.requests // 10))
             results[kind] = {
@@ -116,13 +116,14 @@ def main(argv=None):
             results[kind]["added_p50_us"] = round(results[kind]["with_p50_us"] - results[kind]["without_p50_us"], 1)
             results[kind]["added_p99_us"] = round(results[kind]["with_p99_us"] - results[kind]["without_p99_us"], 1)
         ledger = os.path.join(folder, usage.LEDGER)
-        lines_before = sum(1 for _ in open(ledger, "rb"))
+        with open(ledger, "rb") as handle:
+            lines_before = len(handle.read().splitlines())
         bytes_before = os.path.getsize(ledger)
         usage.Ledger(folder)  # a server's start folds the ledger
         results["ledger"] = {"requests": lines_before, "bytes_per_request": round(bytes_before / lines_before, 1),
                              "bytes_after_folding": os.path.getsize(ledger)}
-    print("%-26s %10s %10s %10s %10s %10s %10s %12s" % ("answer", "p50 us", "+usage", "added", "p99 us", "+usage",
-                                                         "added", "peak +bytes"))
+    head = ("answer", "p50 us", "+usage", "added", "p99 us", "+usage", "added", "peak +bytes")
+    print("%-26s %10s %10s %10s %10s %10s %10s %12s" % head)
     for kind, row in results.items():
         if kind == "ledger":
             continue

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The gateway's usage service: tokens per client and model across the fleet, budgets, and the report.
 

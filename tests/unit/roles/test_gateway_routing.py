@@ -763,7 +763,8 @@ def gateway(tmp_path_factory):
             flooded = json.loads(flood.stdout.read())
         budget = _budget_refusal(runtime, port)
         shutdown_and_fault = _shutdown_and_fault(tmp, runtime, prefix, port)
-        yield {"budget": budget, "shutdown_and_fault": shutdown_and_fault, "config": config, "config_checks": config_checks, "outcomes": outcomes, "drain_rc": drain_rc,
+        yield {"budget": budget, "shutdown_and_fault": shutdown_and_fault, "config": config, "config_checks": config_checks,
+               "outcomes": outcomes, "drain_rc": drain_rc,
                "drain_tasks": drain_tasks, "flooded": flooded, "during_flood": during_flood,
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
                "log": _gateway_log(prefix + "-gw")}

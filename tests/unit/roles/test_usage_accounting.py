@@ -215,7 +215,7 @@ class _FakeAdmin:
 
     def serve(self):
         while True:
-            conn, _ = self.server.accept()
+            conn, _address = self.server.accept()
             with conn:
                 command = conn.recv(4096).decode().strip()
                 self.commands.append(command)
@@ -237,8 +237,8 @@ def test_the_service_keeps_each_ledger_once_and_applies_refusals_to_file_and_hap
     monkeypatch.setattr(service, "poll", lambda url, key, timeout: answers[url])
     config = {"key": "k", "state_dir": str(tmp_path / "state"), "acl_file": str(tmp_path / "over-budget.lst"),
               "acl_name": "/var/lib/haproxy-state/over-budget.lst", "admin_socket": str(tmp_path / "admin.sock"),
-              "servers": [{"name": n, "url": u} for n, u in (("a", "http://ws1:8000"), ("b", "http://ws1-again:8000"),
-                                                            ("c", "http://ws2:8000"))],
+              "servers": [{"name": name, "url": url}
+                          for name, url in (("a", "http://ws1:8000"), ("b", "http://ws1-again:8000"), ("c", "http://ws2:8000"))],
               "backends": BACKENDS, "clients": [{"name": "batch", "token_budgets": [{"tokens": 1000, "period": "day"}]}]}
     states = service.Service(config).poll_once(datetime.date(2026, 12, 6))
     assert states[0]["used"] == 1100 and states[0]["over"]
