@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_compare/run.sh stage   # calls 1 and 2, carrying .device/gpu-compare-1a, then -1b: vLLM's kernels
 #   bash benchmarks/gpu_compare/run.sh         # call 3, carrying .device/gpu-compare-2: the comparison
 #   bash benchmarks/gpu_compare/run.sh known-answers   # or, in call 3: the flags and the known-answer tolerance
+#   bash benchmarks/gpu_compare/run.sh usage-cost      # or, in call 3: what token accounting costs a server
 # Installs the pack (pack.sh), writes a Qwen3-shaped checkpoint (MODEL_SHAPE), starts vLLM's OpenAI server on CPUs 2-15, runs
 # benchmarks/compare_vllm_bench.py in local mode with both clients on CPUs 0-1 (further arguments go to it; the lab's
 # validated load: --output-len-range-ratio 0.5 --distinct-prompts --prompt-repeat 20). Results: $OUT
@@ -43,6 +44,11 @@ MODEL_SHAPE=${MODEL_SHAPE:-0.6b}
 MODEL="$STAGE/qwen3-$MODEL_SHAPE-shape"
 [ -f "$MODEL/config.json" ] ||
   python3 benchmarks/gpu_compare/make_model.py .device/gpu-compare-2/tokenizer "$MODEL" "$MODEL_SHAPE"
+# usage-cost: instead of one server, two side by side, without and with token accounting (usage_cost.py), the client
+# on CPUs 0-1.
+if [ "${1:-}" = usage-cost ]; then
+  exec taskset -c 0-1 python3 benchmarks/gpu_compare/usage_cost.py --model "$MODEL" --out "$OUT"
+fi
 OPENAI_API_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 export OPENAI_API_KEY
 # The key reaches the server through VLLM_API_KEY, never on a command line.
