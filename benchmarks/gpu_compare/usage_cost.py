@@ -103,7 +103,7 @@ def main(argv=None):
                 raise SystemExit("a server did not start: see %s/server-*.log" % args.out)
             time.sleep(1)
         rng = random.Random(7)
-        prompts = [" ".join(rng.choice(WORDS) for _ in range(200)) for _ in range(64)]
+        prompts = [" ".join(rng.choice(WORDS) for _word in range(200)) for _prompt in range(64)]
         rss_before = {name: _rss_kib(p.pid) for name, p in procs.items()}
         times = {kind: {name: [] for name in servers} for kind in ("chat", "stream")}
         with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
