@@ -149,16 +149,27 @@ def report_rows(totals: dict, since: str, until: str) -> list[dict]:
              "total_tokens": v[1] + v[2]} for (c, m), v in sorted(rows.items())]
 
 
+def report_rows_by_server(answers, since: str, until: str) -> list[dict]:
+    """The same per server (the name the usage service last reached each ledger by): who was served where."""
+    rows = []
+    for answer in answers:
+        for row in report_rows(merge([answer]), since, until):
+            rows.append(dict(server=str(answer.get("server", answer.get("ledger"))), **row))
+    return sorted(rows, key=lambda row: (row["server"], row["client"], row["model"]))
+
+
 def report_table(rows: list[dict], since: str, until: str) -> str:
-    head = tuple(REPORT_FIELDS)
+    head = tuple(rows[0]) if rows else tuple(REPORT_FIELDS)
+    texts = sum(1 for name in head if name not in REPORT_FIELDS[2:])  # the leading text columns
     cells = [head] + [tuple(str(row[name]) for name in head) for row in rows]
     if rows:
-        cells.append(("total", "", *(str(sum(row[name] for row in rows)) for name in head[2:])))
+        cells.append(("total",) + ("",) * (texts - 1) + tuple(str(sum(row[name] for row in rows))
+                                                               for name in head[texts:]))
     widths = [max(len(line[i]) for line in cells) for i in range(len(head))]
     out = ["Usage %s .. %s (UTC days)" % (since, until)]
     for number, line in enumerate(cells):
-        out.append("  ".join(cell.rjust(w) if i >= 2 else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths)))
-                   .rstrip())
+        out.append("  ".join(cell.rjust(w) if i >= texts else cell.ljust(w)
+                             for i, (cell, w) in enumerate(zip(line, widths))).rstrip())
         if number == 0 or (rows and number == len(cells) - 2):
             out.append("  ".join("-" * w for w in widths))
     if not rows:
@@ -322,13 +333,17 @@ def main(argv=None) -> int:
     report.add_argument("--since", required=True, help="first UTC day, YYYY-MM-DD")
     report.add_argument("--until", required=True, help="last UTC day, YYYY-MM-DD (included)")
     report.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    report.add_argument("--by-server", action="store_true", help="one row per server, client and model")
     args = parser.parse_args(argv)
     if args.command == "report":
         for day in (args.since, args.until):
             datetime.date.fromisoformat(day)
-        rows = report_rows(merge(kept_answers(args.state_dir)), args.since, args.until)
+        answers = kept_answers(args.state_dir)
+        rows = (report_rows_by_server(answers, args.since, args.until) if args.by_server
+                else report_rows(merge(answers), args.since, args.until))
         if args.format == "csv":
-            writer = csv.DictWriter(sys.stdout, fieldnames=REPORT_FIELDS, lineterminator="\n")
+            writer = csv.DictWriter(sys.stdout, fieldnames=(["server"] if args.by_server else []) + REPORT_FIELDS,
+                                    lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
         else:

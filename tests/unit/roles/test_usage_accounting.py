@@ -255,3 +255,10 @@ def test_the_service_keeps_each_ledger_once_and_applies_refusals_to_file_and_hap
     assert service.main(["report", "--state-dir", config["state_dir"], "--since", "2026-12-01", "--until",
                          "2026-12-31", "--format", "csv"]) == 0
     assert capsys.readouterr().out.splitlines() == [",".join(service.REPORT_FIELDS), "batch,qwen3,1,900,200,1100"]
+    # Per server: the ledger reached at two addresses is one row, under the name it was last reached by.
+    assert service.main(["report", "--state-dir", config["state_dir"], "--since", "2026-12-01", "--until",
+                         "2026-12-31", "--by-server"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split() == ["server"] + service.REPORT_FIELDS
+    assert table[3].split() == ["b", "batch", "qwen3", "1", "900", "200", "1100"]
+    assert table[5].split() == ["total", "1", "900", "200", "1100"] and len(table) == 6
