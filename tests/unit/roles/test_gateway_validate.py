@@ -25,6 +25,10 @@ PLAYBOOK = """
         tasks_from: validate.yml
         public: true
 
+    - name: Show the usage service's settings
+      ansible.builtin.debug:
+        msg: "{{ _gateway_usage_settings }}"
+
     - name: Show the forwarded paths
       ansible.builtin.debug:
         msg: "{{ gateway_forwarded_paths }}"
@@ -66,6 +70,19 @@ CASES = {
                                  "gateway_backends": [BASE["gateway_backends"][0],
                                                       dict(BASE["gateway_backends"][1],
                                                            served_names=["tiny-embed", "chat-alias"])]},
+    "budgets": {"gateway_client_keys": [
+        {"name": "ide", "key": IDE},
+        {"name": "batch", "key": BATCH, "token_budgets": [{"tokens": 200000000, "period": "30d"},
+                                                          {"tokens": 5000, "period": "day", "models": ["chat-alias"]}]}]},
+    "budget_period_words": {"gateway_client_keys": [{"name": "ide", "key": IDE, "token_budgets": [
+        {"tokens": 1000, "period": "fortnight"}]}]},
+    "budget_tokens_zero": {"gateway_client_keys": [{"name": "ide", "key": IDE, "token_budgets": [
+        {"tokens": 0, "period": "day"}]}]},
+    "budget_unknown_key": {"gateway_client_keys": [{"name": "ide", "key": IDE, "token_budgets": [
+        {"tokens": 10, "period": "day", "per": "model"}]}]},
+    "budget_model_not_served": {"gateway_client_keys": [{"name": "ide", "key": IDE, "token_budgets": [
+        {"tokens": 10, "period": "week", "models": ["tiny-rerank"]}]}]},
+    "budget_not_a_list": {"gateway_client_keys": [{"name": "ide", "key": IDE, "token_budgets": {"tokens": 10}}]},
 }
 MESSAGES = {
     "short_rotation_key": "a client's rotation_key in gateway_client_keys must be 16+ such characters too",
@@ -83,6 +100,13 @@ MESSAGES = {
                                "gateway_maxconn",
     "alias_of_two_deployments": "gateway_backends: the served name or alias chat-alias belongs to deployments chat and "
                                 "embed: a request for it reaches only one of them",
+    "budget_period_words": "gateway_client_keys: client ide's token_budgets entry 1 must be {tokens: a whole number of "
+                           "at least 1, period: day, week, month or Nd",
+    "budget_tokens_zero": "gateway_client_keys: client ide's token_budgets entry 1 must be {tokens",
+    "budget_unknown_key": "gateway_client_keys: client ide's token_budgets entry 1 must be {tokens",
+    "budget_model_not_served": "gateway_client_keys: client ide's token_budgets entry 1 models must be a non-empty list "
+                               "of names the gateway serves (tiny-chat, chat-alias, tiny-embed)",
+    "budget_not_a_list": "gateway_client_keys: client ide's token_budgets must be a list of {tokens, period, models",
 }
 
 
@@ -126,3 +150,19 @@ def test_the_pooling_paths_are_open_only_with_a_pooling_deployment(runs, case, p
 
 def test_a_client_with_limits_passes_the_checks(runs):
     assert runs["limited"].failure() is None, runs["limited"].failure()
+
+
+def test_budgets_pass_the_checks_and_reach_the_usage_service_without_any_client_key(runs):
+    run = runs["budgets"]
+    assert run.failure() is None, run.failure()
+    settings = run.results[-3]["msg"]
+    assert settings["clients"] == [
+        {"name": "ide", "token_budgets": []},
+        {"name": "batch", "token_budgets": [{"tokens": 200000000, "period": "30d"},
+                                           {"tokens": 5000, "period": "day", "models": ["chat-alias"]}]}]
+    assert settings["backends"] == [{"name": "chat", "served_names": ["tiny-chat", "chat-alias"]},
+                                    {"name": "embed", "served_names": ["tiny-embed"]}]
+    assert settings["servers"] == [{"name": "vllm-chat/ws1", "url": "http://10.0.0.11:8000"},
+                                   {"name": "vllm-embed/ws2", "url": "http://10.0.0.12:8001"}]
+    assert settings["key"] == BASE["gateway_backend_api_key"]
+    assert IDE not in str(settings) and BATCH not in str(settings)
