@@ -163,8 +163,8 @@ def report_table(rows: list[dict], since: str, until: str) -> str:
     texts = sum(1 for name in head if name not in REPORT_FIELDS[2:])  # the leading text columns
     cells = [head] + [tuple(str(row[name]) for name in head) for row in rows]
     if rows:
-        cells.append(("total",) + ("",) * (texts - 1) + tuple(str(sum(row[name] for row in rows))
-                                                               for name in head[texts:]))
+        sums = tuple(str(sum(row[name] for row in rows)) for name in head[texts:])
+        cells.append(("total",) + ("",) * (texts - 1) + sums)
     widths = [max(len(line[i]) for line in cells) for i in range(len(head))]
     out = ["Usage %s .. %s (UTC days)" % (since, until)]
     for number, line in enumerate(cells):

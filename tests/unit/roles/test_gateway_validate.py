@@ -158,8 +158,8 @@ def test_budgets_pass_the_checks_and_reach_the_usage_service_without_any_client_
     settings = run.results[-3]["msg"]
     assert settings["clients"] == [
         {"name": "ide", "token_budgets": []},
-        {"name": "batch", "token_budgets": [{"tokens": 200000000, "period": "30d"},
-                                           {"tokens": 5000, "period": "day", "models": ["chat-alias"]}]}]
+        {"name": "batch", "token_budgets": [
+            {"tokens": 200000000, "period": "30d"}, {"tokens": 5000, "period": "day", "models": ["chat-alias"]}]}]
     assert settings["backends"] == [{"name": "chat", "served_names": ["tiny-chat", "chat-alias"]},
                                     {"name": "embed", "served_names": ["tiny-embed"]}]
     assert settings["servers"] == [{"name": "vllm-chat/ws1", "url": "http://10.0.0.11:8000"},
