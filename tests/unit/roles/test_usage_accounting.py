@@ -262,3 +262,14 @@ def test_the_service_keeps_each_ledger_once_and_applies_refusals_to_file_and_hap
     assert table[1].split() == ["server"] + service.REPORT_FIELDS
     assert table[3].split() == ["b", "batch", "qwen3", "1", "900", "200", "1100"]
     assert table[5].split() == ["total", "1", "900", "200", "1100"] and len(table) == 6
+
+
+def test_the_reports_csv_is_drawn_as_a_chart(tmp_path):
+    chart = _load("usage_chart", "tools", "usage_chart.py")
+    (tmp_path / "usage.csv").write_text(",".join(service.REPORT_FIELDS) + "\nbatch,qwen3,2,90,10,100\n"
+                                        "ide,embed,1,5,0,5\n")
+    assert chart.main([str(tmp_path / "usage.csv"), str(tmp_path / "usage.png")]) == 0
+    assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "empty.csv").write_text(",".join(service.REPORT_FIELDS) + "\n")
+    with pytest.raises(SystemExit, match="no rows"):
+        chart.main([str(tmp_path / "empty.csv"), str(tmp_path / "empty.png")])
