@@ -82,6 +82,7 @@ CASES = {
         {"tokens": 10, "period": "day", "per": "model"}]}]},
     "budget_model_not_served": {"gateway_client_keys": [{"name": "ide", "key": IDE, "token_budgets": [
         {"tokens": 10, "period": "week", "models": ["tiny-rerank"]}]}]},
+    "client_named_direct": {"gateway_client_keys": [{"name": "direct", "key": IDE}]},
     "budget_not_a_list": {"gateway_client_keys": [{"name": "ide", "key": IDE, "token_budgets": {"tokens": 10}}]},
 }
 MESSAGES = {
@@ -107,6 +108,8 @@ MESSAGES = {
     "budget_model_not_served": "gateway_client_keys: client ide's token_budgets entry 1 models must be a non-empty list "
                                "of names the gateway serves (tiny-chat, chat-alias, tiny-embed)",
     "budget_not_a_list": "gateway_client_keys: client ide's token_budgets must be a list of {tokens, period, models",
+    "client_named_direct": "gateway_client_keys: the client name direct is the servers' name for requests that did "
+                           "not come through a gateway",
 }
 
 
