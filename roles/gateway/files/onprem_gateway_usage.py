@@ -36,9 +36,7 @@ import threading
 import time
 import urllib.request
 
-PERIOD = re.compile(r"^(day|week|month|[1-9][0-9]{0,2}d)$")
 LEDGER_ID = re.compile(r"^[0-9a-f]{32}$")
-QUOTA_MESSAGE = "You exceeded your token budget"
 
 
 # ---- pure: counts, periods, budgets ---------------------------------------------------------------------------------
