@@ -56,7 +56,7 @@ def exported():
     for name in ("vllm-0.32.0-lab.metrics", "haproxy-2.6.12-promex.metrics", "node-exporter-1.5.0-lab.metrics"):
         names |= set(re.findall(r"(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)", read(FIXTURES, name)))
     names |= set(re.findall(r"(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)", xid_monitor_metrics()))
-    names |= set(re.findall(r'(?m)^onprem_vllm_hf_cache_filesystem', read(ROLE, "tasks", "node_exporter.yml")))
+    names |= set(re.findall(r'(?m)^\s*(onprem_vllm_hf_cache_filesystem)\{', read(ROLE, "vars", "main.yml")))
     names |= set(re.findall(r"(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*)", usage_service_metrics()))
     return names | {"up"}
 

@@ -109,7 +109,7 @@ def test_health_fails_while_the_host_drains_and_everything_else_serves(tmp_path,
 
 
 def _replace(path, text):
-    """What vllm_server_files does: a new file renamed over the old one (the server sees a new inode)."""
+    """What host_files does: a new file renamed over the old one (the server sees a new inode)."""
     tmp = path.with_name(".key.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

@@ -19,7 +19,7 @@ import pytest
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 XID_79 = "Nov 29 09:00:00 ws1 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 XID_REDACTED = "Nov 29 09:00:01 ws1 kernel: NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 01"
-# What the monitoring role installs next to the monitor, from plugins/module_utils (roles/monitoring/tasks/xid.yml).
+# What the monitoring role installs next to the monitor, from plugins/module_utils (roles/monitoring/vars/main.yml, _monitoring_xid_code).
 MONITOR_LIB = ("gpu_health_checks.py", "gpu_fault_flag.py")
 
 

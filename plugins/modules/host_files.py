@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: vllm_server_files
-short_description: Write in one call the small files a vLLM deployment keeps on its host
+module: host_files
+short_description: Write in one call the small files a role keeps on a host
 version_added: 0.1.0
 author: onprem.vllm developers (@onprem)
 description:
-  - One module run instead of one task per file, since each task is a round trip to the host and a rollout writes these
-    for every host it deploys (vllm_server's C(host_files.yml)).
-  - In this order, each only where it differs, owned by O(owner) and O(group) - O(directories) are created (as listed,
-    with any missing parent), O(files) are written with exactly their content (a temporary file in the same directory, then
-    renamed over the old one, so a reader or a power cut never sees half a file), O(absent) paths are removed.
-  - File contents are never returned, logged or diffed (one of them may be an API key).
+  - One module run instead of one task per file, since each task is a round trip to the host and every run of a role
+    (a rollout for every host it deploys, the gateway, monitoring) writes these.
+  - In this order, each only where it differs - O(directories) are created (as listed, with any missing parent),
+    O(files) are written with exactly their content (a temporary file in the same directory, checked by its
+    O(files[].validate) command, then renamed over the old one, so a reader or a power cut never sees half a file),
+    O(absent) paths are removed. Each is owned by its own owner and group, else O(owner) and O(group).
+  - File contents are never returned, logged or diffed (one of them may be a key).
+  - Named C(vllm_server_files) before; that name still reaches this module.
 options:
   directories:
     description: Directories to create, in order, with their mode.
@@ -29,6 +31,14 @@ options:
         description: Octal mode as a string, like C("0700").
         type: str
         required: true
+      owner:
+        description: Owner (name or id); empty takes O(owner).
+        type: str
+        default: ""
+      group:
+        description: Group (name or id); empty takes O(group).
+        type: str
+        default: ""
   files:
     description: Files to write, with their whole content and mode. Their directory must exist (or be in O(directories)).
     type: list
@@ -47,6 +57,31 @@ options:
         description: Octal mode as a string, like C("0600").
         type: str
         required: true
+      owner:
+        description: Owner (name or id); empty takes O(owner).
+        type: str
+        default: ""
+      group:
+        description: Group (name or id); empty takes O(group).
+        type: str
+        default: ""
+      validate:
+        description:
+          - A command run on the new content before it replaces the file, C(%s) standing for the temporary file's path
+            (as ansible.builtin.template's); the file is left as it was and the module fails, with the command's
+            output, when the command fails. Run only when the content differs, and not in check mode.
+        type: str
+        default: ""
+      secret:
+        description: The content holds a secret, so a failed O(files[].validate) returns the command's exit status
+          only, not its output (which may quote the content).
+        type: bool
+        default: false
+      create_only:
+        description: Write the content only where the file does not exist (its owner and mode are still kept); for a
+          file another program owns the content of once it exists.
+        type: bool
+        default: false
       fingerprint:
         description: Whether the file counts in RV(fingerprint) (false for a file the running process reads again
           itself, such as an API key file).
@@ -58,11 +93,12 @@ options:
     elements: path
     default: []
   owner:
-    description: Owner of what is created or written; empty keeps the user the module runs as.
+    description: Owner of what is created or written without an owner of its own; empty keeps the user the module runs
+      as.
     type: str
     default: ""
   group:
-    description: Group of what is created or written; empty keeps the user's group.
+    description: Group of what is created or written without a group of its own; empty keeps the user's group.
     type: str
     default: ""
   fingerprint_salt_file:
@@ -79,16 +115,15 @@ notes:
   - Check mode is supported.
 attributes:
   check_mode:
-    description: Reports what would change and changes nothing.
+    description: Reports what would change (RV(changed_paths)) and changes nothing.
     support: full
   diff_mode:
-    description: Returns no diff; a file may hold a secret.
+    description: Returns no diff; a file may hold a secret. RV(changed_paths) says what changed.
     support: none
 """
-
 EXAMPLES = r"""
 - name: The server's directories, API key file and middleware, and a file it no longer uses removed
-  onprem.vllm.vllm_server_files:
+  onprem.vllm.host_files:
     directories:
       - {path: /etc/onprem-vllm, mode: "0700"}
       - {path: /etc/onprem-vllm/middleware, mode: "0755"}
@@ -100,8 +135,18 @@ EXAMPLES = r"""
     owner: root
     group: root
   register: server_files
-"""
 
+- name: A configuration another group reads, checked before it replaces the old one
+  onprem.vllm.host_files:
+    files:
+      - path: /etc/prometheus/alertmanager.yml
+        content: "{{ lookup('ansible.builtin.template', 'alertmanager.yml.j2') }}"
+        mode: "0640"
+        group: prometheus
+        validate: amtool check-config %s
+    owner: root
+    group: root
+"""
 RETURN = r"""
 changed_paths:
   description: The paths created, written, re-moded, re-owned or removed (or that would be, in check mode), in order.
@@ -116,28 +161,31 @@ fingerprint:
   type: str
   sample: 3f2a...
 """
-
 import hashlib
 import hmac
 import os
 import secrets
+import shlex
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_bytes
+from ansible.module_utils.common.text.converters import to_bytes, to_text
 
 
-def _attributes(module, path, mode):
-    """The file arguments AnsibleModule's attribute helpers take, for one path."""
+def _attributes(module, item):
+    """The file arguments AnsibleModule's attribute helpers take, for one item (its owner and group, else the
+    module's)."""
     return module.load_file_common_arguments(
-        dict(path=path, mode=mode, owner=module.params["owner"] or None, group=module.params["group"] or None))
+        dict(path=item["path"], mode=item["mode"], owner=item.get("owner") or module.params["owner"] or None,
+             group=item.get("group") or module.params["group"] or None))
 
 
-def _ensure_directory(module, path, mode):
+def _ensure_directory(module, item):
     """Create the directory and any missing parent (each with this mode and owner, as ansible.builtin.file does), or
     fix its attributes; True when something changed."""
+    path = item["path"]
     if os.path.isdir(path):
-        return module.set_fs_attributes_if_different(_attributes(module, path, mode), False)
+        return module.set_fs_attributes_if_different(_attributes(module, item), False)
     if os.path.lexists(path):
         module.fail_json(msg="%s exists and is not a directory" % path)
     if not module.check_mode:
@@ -148,10 +196,10 @@ def _ensure_directory(module, path, mode):
             current = os.path.dirname(current)
         for directory in missing:
             try:
-                os.mkdir(directory, int(mode, 8))
+                os.mkdir(directory, int(item["mode"], 8))
             except OSError as exc:
                 module.fail_json(msg="cannot create %s: %s" % (directory, exc))
-            module.set_fs_attributes_if_different(_attributes(module, directory, mode), True)
+            module.set_fs_attributes_if_different(_attributes(module, dict(item, path=directory)), True)
     return True
 
 
@@ -165,11 +213,27 @@ def _current_content(module, path):
         module.fail_json(msg="cannot read %s: %s" % (path, exc))
 
 
-def _ensure_file(module, path, content, mode):
-    """Write the file where its content differs (atomically), then its attributes; True when something changed."""
-    wanted = to_bytes(content, errors="surrogate_or_strict")
-    if _current_content(module, path) == wanted:
-        return module.set_fs_attributes_if_different(_attributes(module, path, mode), False)
+def _validate(module, item, candidate):
+    """Run the item's validate command on the candidate file; fail (the old file untouched) when it fails."""
+    if "%s" not in item["validate"]:
+        module.fail_json(msg="validate of %s must contain %%s (the new file's path): %s" % (item["path"], item["validate"]))
+    argv = [candidate if word == "%s" else word.replace("%s", candidate) for word in shlex.split(item["validate"])]
+    rc, out, err = module.run_command(argv)
+    if rc != 0:
+        output = ("its output is not shown, the file holds a secret" if item.get("secret")
+                  else (to_text(err) or to_text(out)).strip()[-2000:])
+        module.fail_json(msg="%s was not written: its new content failed %r (rc %d): %s"
+                         % (item["path"], item["validate"], rc, output))
+
+
+def _ensure_file(module, item):
+    """Write the file where its content differs (atomically, validated first), then its attributes; True when
+    something changed."""
+    path = item["path"]
+    wanted = to_bytes(item["content"], errors="surrogate_or_strict")
+    current = _current_content(module, path)
+    if current == wanted or (current is not None and item.get("create_only")):
+        return module.set_fs_attributes_if_different(_attributes(module, item), False)
     if module.check_mode:
         return True
     directory = os.path.dirname(path)
@@ -179,17 +243,19 @@ def _ensure_file(module, path, content, mode):
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".%s." % os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), int(mode, 8))
+            os.fchmod(handle.fileno(), int(item["mode"], 8))
             handle.write(wanted)
             handle.flush()
             os.fsync(handle.fileno())
+        if item.get("validate"):
+            _validate(module, item, tmp)
+        module.set_fs_attributes_if_different(_attributes(module, dict(item, path=tmp)), True)
         os.replace(tmp, path)
     except OSError as exc:
         module.fail_json(msg="cannot write %s: %s" % (path, exc))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    module.set_fs_attributes_if_different(_attributes(module, path, mode), True)
     return True
 
 
@@ -213,7 +279,7 @@ def _fingerprint(module, salt_file, files, changed_paths):
         changed_paths.append(salt_file)
         if module.check_mode:
             return ""
-        _ensure_file(module, salt_file, secrets.token_hex(32) + "\n", "0600")
+        _ensure_file(module, dict(path=salt_file, content=secrets.token_hex(32) + "\n", mode="0600"))
         salt = _current_content(module, salt_file)
     digest = hmac.new(salt.strip(), digestmod=hashlib.sha256)
     for item in files:
@@ -226,12 +292,16 @@ def _fingerprint(module, salt_file, files, changed_paths):
 
 
 def main():
-    path_and_mode = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True))
+    attributes = dict(path=dict(type="path", required=True), mode=dict(type="str", required=True),
+                      owner=dict(type="str", default=""), group=dict(type="str", default=""))
     module = AnsibleModule(
         argument_spec=dict(
-            directories=dict(type="list", elements="dict", default=[], options=path_and_mode),
+            directories=dict(type="list", elements="dict", default=[], options=attributes),
             files=dict(type="list", elements="dict", default=[],
-                       options=dict(path_and_mode, content=dict(type="str", required=True, no_log=True),
+                       options=dict(attributes, content=dict(type="str", required=True, no_log=True),
+                                    validate=dict(type="str", default=""),
+                                    secret=dict(type="bool", default=False),
+                                    create_only=dict(type="bool", default=False),
                                     fingerprint=dict(type="bool", default=True))),
             absent=dict(type="list", elements="path", default=[]),
             owner=dict(type="str", default=""),
@@ -249,12 +319,13 @@ def main():
             int(item["mode"], 8)
         except ValueError:
             module.fail_json(msg="mode %r of %s is not an octal mode like \"0600\"" % (item["mode"], item["path"]))
+
     changed_paths = []
     for item in p["directories"]:
-        if _ensure_directory(module, item["path"], item["mode"]):
+        if _ensure_directory(module, item):
             changed_paths.append(item["path"])
     for item in p["files"]:
-        if _ensure_file(module, item["path"], item["content"], item["mode"]):
+        if _ensure_file(module, item):
             changed_paths.append(item["path"])
     for path in p["absent"]:
         if _ensure_absent(module, path):

@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The vllm_server_files module on real files: directories, exact contents and modes in one run, nothing changed on
+"""The host_files module on real files: directories, exact contents and modes in one run, nothing changed on
 the second run, check mode changes nothing, a secret never comes back in the result."""
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import stat
 
 import pytest
 
-from ansible_collections.onprem.vllm.plugins.modules import vllm_server_files
+from ansible_collections.onprem.vllm.plugins.modules import host_files
 
 SECRET = "sk-test-secret-value"
 
 
 @pytest.fixture
 def server_files(call_module):
-    return lambda **args: call_module(vllm_server_files, **args)
+    return lambda **args: call_module(host_files, **args)
 
 
 def _mode(path):
@@ -137,3 +137,56 @@ def test_in_check_mode_without_a_salt_no_fingerprint_is_made_and_nothing_written
     layout = dict(_layout(tmp_path), fingerprint_salt_file=str(tmp_path / "files.salt"))
     rc, result = server_files(**layout, _ansible_check_mode=True)
     assert rc == 0 and result["fingerprint"] == "" and not (tmp_path / "files.salt").exists()
+
+
+def test_a_file_is_validated_before_it_replaces_the_old_one(server_files, tmp_path):
+    config = tmp_path / "rules.yml"
+    config.write_text("old: true\n")
+    item = dict(path=str(config), content="groups: []\n", mode="0644", validate="grep -q groups %s")
+    rc, result = server_files(files=[item])
+    assert rc == 0 and result["changed_paths"] == [str(config)] and config.read_text() == "groups: []\n"
+
+    rc, result = server_files(files=[dict(item, content="broken\n")])
+    assert rc == 1 and "failed 'grep -q groups %s'" in result["msg"] and str(config) in result["msg"]
+    assert config.read_text() == "groups: []\n"  # the old file stays
+    assert os.listdir(tmp_path) == ["rules.yml"]  # and no candidate is left behind
+
+    # Unchanged content is not validated again (a check that needs the running service is not run for nothing).
+    rc, result = server_files(files=[dict(item, validate="false %s")])
+    assert rc == 0 and result["changed"] is False
+
+
+def test_a_validate_command_without_the_path_is_refused(server_files, tmp_path):
+    rc, result = server_files(files=[dict(path=str(tmp_path / "a"), content="x", mode="0644", validate="true")])
+    assert rc == 1 and "must contain %s" in result["msg"] and not (tmp_path / "a").exists()
+
+
+def test_a_create_only_file_keeps_the_content_another_program_wrote(server_files, tmp_path):
+    acl = tmp_path / "over-budget.lst"
+    item = dict(path=str(acl), content="", mode="0644", create_only=True)
+    rc, result = server_files(files=[item])
+    assert rc == 0 and result["changed_paths"] == [str(acl)] and acl.read_text() == ""
+    acl.write_text("batch-jobs/qwen3\n")
+    acl.chmod(0o600)
+    rc, result = server_files(files=[item])
+    assert rc == 0 and result["changed_paths"] == [str(acl)]  # the mode only
+    assert acl.read_text() == "batch-jobs/qwen3\n" and _mode(acl) == 0o644
+
+
+def test_an_item_group_wins_over_the_module_group(server_files, tmp_path):
+    gid = os.getgid()
+    target = tmp_path / "conf"
+    rc, result = server_files(directories=[dict(path=str(tmp_path / "d"), mode="0750", group=str(gid))],
+                              files=[dict(path=str(target), content="x\n", mode="0640", group=str(gid))],
+                              group="no-such-group-onprem")
+    assert rc == 0, result
+    assert os.stat(target).st_gid == gid and os.stat(tmp_path / "d").st_gid == gid
+
+
+def test_a_secret_file_that_fails_its_check_does_not_return_the_check_output(server_files, tmp_path):
+    item = dict(path=str(tmp_path / "alertmanager.yml"), content="url: https://hooks.example/" + SECRET + "\n",
+                mode="0640", validate="cat %s /nonexistent", secret=True)
+    rc, result = server_files(files=[item])
+    assert rc == 1 and "the file holds a secret" in result["msg"] and "hooks.example" not in json.dumps(result)
+    rc, result = server_files(files=[dict(item, secret=False)])
+    assert rc == 1 and "/nonexistent" in result["msg"]
