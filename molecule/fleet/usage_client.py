@@ -2,10 +2,11 @@
 """Two clients through the gateway with the real OpenAI Python client, for the token accounting checks.
 
 Runs inside a container of the lab's vLLM image (it ships the openai package) on the fleet's network:
-  python3 usage_client.py load   BASE_URL CAFILE KEYDIR CHAT_MODEL EMBED_MODEL CLIENT...
+  python3 usage_client.py load   BASE_URL CAFILE KEYDIR CHAT_MODEL[,OTHER_GENERATE_MODEL...] EMBED_MODEL CLIENT...
   python3 usage_client.py budget BASE_URL CAFILE KEYDIR CHAT_MODEL REFUSED_CLIENT SERVED_CLIENT
 KEYDIR/<client>.key holds each client's key. load: per client, chat answers plain and streamed (the stream asks for
-no usage: the server adds it to every chunk) and an embedding batch; prints {client: {model: [requests, prompt,
+no usage: the server adds it to every chunk) from the first model, one of each from every other generating model, and
+an embedding batch; prints {client: {model: [requests, prompt,
 completion]}} summed from the usage each answer carried (a stream's last). budget: prints the refused client's error
 (status, type, code) and whether the other client was served.
 """
@@ -32,23 +33,32 @@ def _add(counts, model, prompt, completion):
     entry[2] += completion
 
 
-def load(base_url, cafile, keydir, chat_model, embed_model, clients):
+def _chat(client, counts, model, max_tokens, content, stream):
+    if not stream:
+        answer = client.chat.completions.create(model=model, max_tokens=max_tokens,
+                                                messages=[{"role": "user", "content": content}])
+        _add(counts, model, answer.usage.prompt_tokens, answer.usage.completion_tokens)
+        return
+    chunks = list(client.chat.completions.create(model=model, max_tokens=max_tokens, stream=True,
+                                                 messages=[{"role": "user", "content": content}]))
+    usage = [chunk.usage for chunk in chunks if chunk.usage is not None]
+    if not usage:
+        raise AssertionError("a stream of %s carried no usage: the server does not force it" % model)
+    _add(counts, model, usage[-1].prompt_tokens, usage[-1].completion_tokens)
+
+
+def load(base_url, cafile, keydir, generate_models, embed_model, clients):
+    chat_model, *other_models = generate_models.split(",")
     received = {}
     for number, name in enumerate(clients):
         client = _client(base_url, cafile, keydir, name)
         counts = received.setdefault(name, {})
         for turn in range(3):
-            answer = client.chat.completions.create(
-                model=chat_model, max_tokens=4 + turn + number,
-                messages=[{"role": "user", "content": f"Client {name}, question {turn}: say something."}])
-            _add(counts, chat_model, answer.usage.prompt_tokens, answer.usage.completion_tokens)
-            chunks = list(client.chat.completions.create(
-                model=chat_model, max_tokens=6 + turn, stream=True,
-                messages=[{"role": "user", "content": f"Client {name}, stream {turn}: count."}]))
-            usage = [chunk.usage for chunk in chunks if chunk.usage is not None]
-            if not usage:
-                raise AssertionError("a stream carried no usage: the server does not force it")
-            _add(counts, chat_model, usage[-1].prompt_tokens, usage[-1].completion_tokens)
+            _chat(client, counts, chat_model, 4 + turn + number, f"Client {name}, question {turn}: say something.", False)
+            _chat(client, counts, chat_model, 6 + turn, f"Client {name}, stream {turn}: count.", True)
+        for model in other_models:
+            _chat(client, counts, model, 3 + number, f"Client {name}: route this.", False)
+            _chat(client, counts, model, 5, f"Client {name}: stream this.", True)
         answer = client.embeddings.create(model=embed_model, input=[f"{name} passage {n}" for n in range(5)])
         _add(counts, embed_model, answer.usage.prompt_tokens, 0)
     return received
