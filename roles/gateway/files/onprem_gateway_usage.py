@@ -32,6 +32,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -178,14 +179,18 @@ def report_table(rows: list[dict], since: str, until: str) -> str:
 # ---- I/O ------------------------------------------------------------------------------------------------------------
 
 def write_atomically(path: str, content: bytes, mode: int = 0o600) -> None:
-    temporary = path + ".tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """A whole new file renamed over the old one. Its temporary name is its own: the service and a poll or report run
+    by hand (playbooks/usage.yml) may write the same file at once, and each rename then lands whole."""
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix="." + os.path.basename(path) + ".")
     try:
         os.write(fd, content)
         os.fsync(fd)
-    finally:
+        os.fchmod(fd, mode)
+    except OSError:
         os.close(fd)
-    os.chmod(temporary, mode)
+        os.unlink(temporary)
+        raise
+    os.close(fd)
     os.replace(temporary, path)
 
 

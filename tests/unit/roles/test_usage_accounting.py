@@ -273,3 +273,29 @@ def test_the_reports_csv_is_drawn_as_a_chart(tmp_path):
     (tmp_path / "empty.csv").write_text(",".join(service.REPORT_FIELDS) + "\n")
     with pytest.raises(SystemExit, match="no rows"):
         chart.main([str(tmp_path / "empty.csv"), str(tmp_path / "empty.png")])
+
+
+def test_the_service_and_a_poll_by_hand_writing_the_same_copy_at_once_both_land_whole(tmp_path):
+    """The usage service polls every few seconds while a poll or report run by hand (playbooks/usage.yml, the fleet's
+    check) writes the same server's copy: each write has a temporary file of its own, so neither fails and the copy
+    is always one whole answer."""
+    path = str(tmp_path / "ledger.json")
+    answers = [json.dumps({"ledger": "a" * 32, "writer": n, "pad": "x" * 20000}).encode() for n in range(2)]
+    errors = []
+
+    def write(content):
+        try:
+            for _round in range(300):
+                service.write_atomically(path, content)
+        except OSError as exc:  # the fixed temporary name of before: FileNotFoundError on the other's rename
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(content,)) for content in answers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with open(path, "rb") as handle:
+        assert handle.read() in answers
+    assert os.listdir(tmp_path) == ["ledger.json"] and oct(os.stat(path).st_mode & 0o777) == "0o600"
