@@ -264,6 +264,7 @@ class ConnectionPool:
     loop."""
 
     def __init__(self, ssl_verify=True):
+        # True, False (no certificate check) or the ssl.SSLContext to use as it is.
         self.ssl_verify = ssl_verify
         self._idle = {}
 
@@ -276,7 +277,9 @@ class ConnectionPool:
                 return reader, writer, True
             writer.close()
         context = None
-        if scheme == "https":
+        if isinstance(self.ssl_verify, ssl.SSLContext):  # e.g. a pinned certificate and a client identity
+            context = self.ssl_verify if scheme == "https" else None
+        elif scheme == "https":
             context = ssl.create_default_context()
             if not self.ssl_verify:
                 context.check_hostname = False

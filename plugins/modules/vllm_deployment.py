@@ -247,19 +247,17 @@ outcome:
 """
 
 import fcntl
-import json
 import os
 import signal
 import time
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.six.moves.urllib.error import HTTPError
-from ansible.module_utils.urls import open_url
 
 from ansible_collections.onprem.vllm.plugins.module_utils import deployment_engine as engine
-from ansible_collections.onprem.vllm.plugins.module_utils import deployment_record, docker_api, known_answers, kv_actual
-from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, Response, run_gate
+from ansible_collections.onprem.vllm.plugins.module_utils import (
+    deployment_record, docker_api, known_answers, kv_actual, vllm_http)
+from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, run_gate
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_loadgen import (
     build_body, chat_url, compare_to_baseline, run_sweep)
 
@@ -285,6 +283,7 @@ class Deployment:
         self.record = self.p["record"] or {}
         self.files = deployment_record.paths(self.p["config_dir"], self.name)
         self.url = self.p["url"].rstrip("/")
+        self.server = vllm_http.Server(self.p, timeout=float(self.p["gate"].get("request_timeout", 60)))
         self.gates = {}
         self.failures = {}
         self.details = {}
@@ -313,16 +312,7 @@ class Deployment:
 
     # --- HTTP to the server ----------------------------------------------------------------------------------------
     def http(self, method, path, body, timeout=None):
-        headers = {"Content-Type": "application/json"}
-        if self.p["api_key"]:
-            headers["Authorization"] = "Bearer " + self.p["api_key"]
-        data = json.dumps(body).encode() if body is not None else None
-        try:
-            resp = open_url(self.url + path, method=method, data=data, headers=headers, validate_certs=False,
-                            timeout=timeout or self.p["gate"].get("request_timeout", 60))
-            return Response(resp.getcode(), resp.read().decode("utf-8", "replace"))
-        except HTTPError as exc:
-            return Response(exc.code, exc.read().decode("utf-8", "replace"))
+        return self.server.request(method, path, body, timeout)
 
     def container_state(self):
         inspected = self.docker.inspect(self.name)
@@ -377,7 +367,7 @@ class Deployment:
         # Exactly max_tokens per request on both sides: the comparison is of the same work.
         body = build_body(served_model_name, PROBE_PROMPT, None, int(b.get("max_tokens", 32)), True, None)
         return run_sweep(chat_url(self.url + "/v1"), self.p["api_key"], body, levels, count, warmup=1,
-                         timeout=120, ssl_verify=False)
+                         timeout=120, ssl_verify=self.server.context or False)
 
     def benchmark_gate(self):
         b = self.p["benchmark"]
@@ -613,8 +603,7 @@ class Deployment:
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", default="http://127.0.0.1:8000"),
-            api_key=dict(type="str", default="", no_log=True),
+            vllm_http.SERVER_ARGUMENT_SPEC,
             name=dict(type="str", required=True),
             config_dir=dict(type="path", required=True),
             state=dict(type="str", default="deployed", choices=["staged", "settled", "prepared", "deployed"]),
@@ -654,6 +643,10 @@ def main():
                      ("state", "deployed", ("deployment_id", "record", "container"))],
         supports_check_mode=True,
     )
+    problem = vllm_http.tls_problem(module.params) or (
+        "" if module.check_mode else vllm_http.tls_files_problem(module.params))
+    if problem:
+        module.fail_json(msg=problem)
     if module.params["container"]:
         env = module.params["container"]["env"]
         module.params["container"]["env"] = {str(k): str(v) for k, v in env.items()}

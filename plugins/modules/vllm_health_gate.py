@@ -110,19 +110,17 @@ import json
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.six.moves.urllib.error import HTTPError
-from ansible.module_utils.urls import open_url
 
-from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, Response, run_gate
+from ansible_collections.onprem.vllm.plugins.module_utils import vllm_http
+from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, run_gate
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", default="http://127.0.0.1:8000"),
+            vllm_http.SERVER_ARGUMENT_SPEC,
             served_model_name=dict(type="str", required=True),
             runner=dict(type="str", default="generate", choices=["generate", "pooling"]),
-            api_key=dict(type="str", default="", no_log=True),
             container_name=dict(type="str"),
             docker_path=dict(type="str", default="docker"),
             timeout=dict(type="int", default=900),
@@ -134,19 +132,10 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    base_url = params["url"].rstrip("/")
-    headers = {"Content-Type": "application/json"}
-    if params["api_key"]:
-        headers["Authorization"] = "Bearer " + params["api_key"]
-
-    def http(method, path, body):
-        data = json.dumps(body).encode() if body is not None else None
-        try:
-            resp = open_url(base_url + path, method=method, data=data, headers=headers,
-                            timeout=params["request_timeout"], validate_certs=False)
-            return Response(resp.getcode(), resp.read().decode("utf-8", "replace"))
-        except HTTPError as exc:
-            return Response(exc.code, exc.read().decode("utf-8", "replace"))
+    problem = vllm_http.tls_problem(params) or vllm_http.tls_files_problem(params)
+    if problem:
+        module.fail_json(msg=problem)
+    http = vllm_http.Server(params, timeout=params["request_timeout"]).request
 
     container_state = None
     docker = None

@@ -151,22 +151,17 @@ recorded_with:
   type: dict
 """
 
-import json
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.six.moves.urllib.error import HTTPError
-from ansible.module_utils.urls import open_url
 
-from ansible_collections.onprem.vllm.plugins.module_utils import deployment_record, known_answers
-from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import Response
+from ansible_collections.onprem.vllm.plugins.module_utils import deployment_record, known_answers, vllm_http
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", default="http://127.0.0.1:8000"),
-            api_key=dict(type="str", default="", no_log=True),
+            vllm_http.SERVER_ARGUMENT_SPEC,
             served_model_name=dict(type="str", required=True),
             runner=dict(type="str", default="generate", choices=["generate", "pooling"]),
             config_dir=dict(type="path", required=True),
@@ -195,18 +190,10 @@ def main():
     if module.check_mode:
         module.exit_json(outcome="skipped", **result)
 
-    base_url = p["url"].rstrip("/")
-    headers = {"Content-Type": "application/json"}
-    if p["api_key"]:
-        headers["Authorization"] = "Bearer " + p["api_key"]
-
-    def http(method, url_path, body):
-        try:
-            resp = open_url(base_url + url_path, method=method, data=json.dumps(body).encode(), headers=headers,
-                            timeout=p["request_timeout"], validate_certs=False)
-            return Response(resp.getcode(), resp.read().decode("utf-8", "replace"))
-        except HTTPError as exc:
-            return Response(exc.code, exc.read().decode("utf-8", "replace"))
+    problem = vllm_http.tls_problem(p) or vllm_http.tls_files_problem(p)
+    if problem:
+        module.fail_json(msg=problem, **result)
+    http = vllm_http.Server(p, timeout=p["request_timeout"]).request
 
     try:
         result = known_answers.run(

@@ -59,16 +59,15 @@ record:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import open_url
 
+from ansible_collections.onprem.vllm.plugins.module_utils import vllm_http
 from ansible_collections.onprem.vllm.plugins.module_utils.kv_actual import check
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", default="http://127.0.0.1:8000"),
-            api_key=dict(type="str", default="", no_log=True),
+            vllm_http.SERVER_ARGUMENT_SPEC,
             predicted=dict(type="dict", default={}),
             max_difference_pct=dict(type="float", default=5.0),
             request_timeout=dict(type="int", default=30),
@@ -76,12 +75,16 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    headers = {"Authorization": "Bearer " + params["api_key"]} if params["api_key"] else {}
-    url = params["url"].rstrip("/")
+    problem = vllm_http.tls_problem(params)
+    if problem:
+        module.fail_json(msg=problem)
+    server = vllm_http.Server(params, timeout=params["request_timeout"])
 
     def read_metrics():
-        return open_url(url + "/metrics", headers=headers, timeout=params["request_timeout"],
-                        validate_certs=False).read().decode("utf-8", "replace")
+        answer = server.request("GET", "/metrics")
+        if answer.status != 200:
+            raise OSError("/metrics answered HTTP %d" % answer.status)
+        return answer.body
 
     entry, why, warning = check(read_metrics, params["predicted"], params["max_difference_pct"])
     # In check mode a server that a real run would first deploy is not there yet: nothing to warn about.

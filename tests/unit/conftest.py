@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -377,7 +378,7 @@ class VllmEndpoints:
     /v1/models, /v1/chat/completions (Bearer key checked, as `vllm serve --api-key` does) and /metrics, the page
     recorded from the lab's vLLM 0.32.0 (served name "q"). seen: (method, path, Authorization header) per request."""
 
-    def __init__(self, key="test-key-123456789", served_name="q"):
+    def __init__(self, key="test-key-123456789", served_name="q", tls=None):
         self.key, self.served_name = key, served_name
         self.seen = []
         with open(LAB_METRICS, "rb") as handle:
@@ -396,6 +397,14 @@ class VllmEndpoints:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = "http://127.0.0.1:%d" % self.httpd.server_port
+        if tls:
+            # As vLLM with --ssl-certfile/--ssl-keyfile/--ssl-ca-certs/--ssl-cert-reqs 2 (uvicorn's ssl context).
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls["certfile"], tls["keyfile"])
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(tls["ca_certs"])
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            self.url = "https://127.0.0.1:%d" % self.httpd.server_port
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def answer(self, request):
@@ -429,6 +438,32 @@ class VllmEndpoints:
 @pytest.fixture
 def vllm_endpoints():
     srv = VllmEndpoints()
+    yield srv
+    srv.stop()
+
+
+def make_certificate(directory, name, usage, names=("localhost", "127.0.0.1")):
+    """A self-signed EC certificate for one usage (server or client), as onprem.vllm.tls_identity makes them:
+    (certificate path, key path)."""
+    cert, key = os.path.join(str(directory), name + ".crt"), os.path.join(str(directory), name + ".key")
+    san = ",".join(("IP:" if n[0].isdigit() else "DNS:") + n for n in names)
+    subprocess.run(["openssl", "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=" + name,
+                    "-addext", "basicConstraints=critical,CA:FALSE",
+                    "-addext", "extendedKeyUsage=" + ("serverAuth" if usage == "server" else "clientAuth"),
+                    "-addext", "subjectAltName=" + san], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def vllm_endpoints_tls(tmp_path):
+    """vllm_endpoints behind mutual TLS: .server_cert is pinned by clients, .client (cert, key) is the one client the
+    server trusts, .stranger (cert, key) one it does not."""
+    server = make_certificate(tmp_path, "server", "server")
+    client = make_certificate(tmp_path, "client", "client", names=("gateway",))
+    stranger = make_certificate(tmp_path, "stranger", "client", names=("gateway",))
+    srv = VllmEndpoints(tls={"certfile": server[0], "keyfile": server[1], "ca_certs": client[0]})
+    srv.server_cert, srv.client, srv.stranger = server[0], client, stranger
     yield srv
     srv.stop()
 

@@ -52,3 +52,16 @@ def test_a_metric_the_page_lacks_fails_at_the_metrics_step(gate):
 def test_nothing_listening_fails_at_the_health_step_after_the_timeout(gate):
     rc, result = gate(url="http://127.0.0.1:9", timeout=1)
     assert rc == 1 and result["failed_step"] == "health" and "health gate failed at step 'health'" in result["msg"]
+
+
+def test_mutual_tls_passes_with_the_hosts_identity_and_names_a_missing_certificate(
+        call_module, vllm_endpoints_tls, tmp_path):
+    srv = vllm_endpoints_tls
+    args = {"url": srv.url, "served_model_name": "q", "api_key": srv.key, "timeout": 5, "poll_interval": 0.1,
+            "ca_path": srv.server_cert, "client_cert": srv.client[0], "client_key": srv.client[1]}
+    rc, result = call_module(vllm_health_gate, **args)
+    assert rc == 0 and result["passed"] is True, result.get("msg")
+    assert [path for _method, path, _auth in srv.seen] == ["/health", "/v1/models", "/v1/chat/completions", "/metrics"]
+    # A certificate that is not there is a setting to fix, said at once, not a server that never came up.
+    rc, result = call_module(vllm_health_gate, **dict(args, ca_path=str(tmp_path / "gone.crt")))
+    assert rc == 1 and "gone.crt" in result["msg"] and len(srv.seen) == 4
