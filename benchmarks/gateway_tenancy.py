@@ -31,10 +31,11 @@ from prober import ProbeError, Prober, check_target, percentile  # noqa: E402  p
 
 
 def prober(url: str, key: str, args, concurrency: int, interval: float, seconds: float, max_requests: int = 100000,
-           cafile: str | None = None) -> Prober:
-    return Prober(argparse.Namespace(url=url, cafile=cafile, model=args.model, endpoint="chat", max_tokens=args.max_tokens,
-                                     max_requests=max_requests, max_seconds=seconds, concurrency=concurrency,
-                                     interval=interval, request_timeout=120, stop_file=None), key)
+           cafile: str | None = None, cert: str | None = None, cert_key: str | None = None) -> Prober:
+    return Prober(argparse.Namespace(url=url, cafile=cafile, cert=cert, cert_key=cert_key, model=args.model,
+                                     endpoint="chat", max_tokens=args.max_tokens, max_requests=max_requests,
+                                     max_seconds=seconds, concurrency=concurrency, interval=interval,
+                                     request_timeout=120, stop_file=None), key)
 
 
 def summary(result: dict, latencies: list[float]) -> dict:
@@ -43,7 +44,8 @@ def summary(result: dict, latencies: list[float]) -> dict:
 
 
 def overhead(args, keys: dict) -> dict:
-    direct = prober(args.server, keys["server"], args, 1, 0, 3600)
+    direct = prober(args.server, keys["server"], args, 1, 0, 3600, cafile=args.server_cafile, cert=args.server_cert,
+                    cert_key=args.server_cert_key)
     gateway = prober(args.gateway, keys["quiet"], args, 1, 0, 3600, cafile=args.cafile)
     times: dict[str, list[float]] = {"direct": [], "gateway": []}
     failures = []
@@ -73,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noisy-key-file", type=Path, required=True, help="a client whose gateway limits it exceeds")
     parser.add_argument("--server", required=True, help="one server's base URL, for the gateway's added latency")
     parser.add_argument("--server-key-file", type=Path, required=True)
+    parser.add_argument("--server-cafile", help="a server over mutual TLS: its certificate (the gateway pins it)")
+    parser.add_argument("--server-cert", help="a server over mutual TLS: the client certificate it trusts (the gateway's)")
+    parser.add_argument("--server-cert-key", help="the private key of --server-cert")
     parser.add_argument("--seconds", type=float, default=30, help="length of phases 1 and 2")
     parser.add_argument("--quiet-interval", type=float, default=0.2)
     parser.add_argument("--noisy-concurrency", type=int, default=12)

@@ -69,8 +69,11 @@ class Prober:
         self.latencies: list[float] = []
         self.timeline: dict[int, dict] = {}
         self.stop = threading.Event()
-        # HTTPS: the gateway's certificate is verified (against --cafile, else the system's CAs).
+        # HTTPS: the gateway's certificate is verified (against --cafile, else the system's CAs); a server over mutual
+        # TLS also wants a client certificate (cert, cert_key: the gateway's, where the caller runs on its host).
         self.context = ssl.create_default_context(cafile=args.cafile) if args.url.startswith("https:") else None
+        if self.context is not None and getattr(args, "cert", None):
+            self.context.load_cert_chain(args.cert, args.cert_key)
 
     def take_slot(self) -> bool:
         with self.lock:

@@ -2,14 +2,30 @@
 """HTTP probes for security_checks.yml, run on a lab host. Reads the requests (with their keys) as JSON on stdin,
 so no key is a process argument; prints one JSON line per request: name, status (0 = no HTTP answer), whether the
 answer named a backend, whether it held a completion, and whether a text the answer must not hold ("absent") was
-absent. A request may carry more headers and may send its body chunked (no Content-Length). Never prints a request's
-key."""
+absent. A request may carry more headers and may send its body chunked (no Content-Length). Over https it trusts its
+"cafile" only, and may present a client certificate ("cert", key "cert_key"; "cert": "stranger" is a self-signed one
+made here, which no server trusts). Never prints a request's key."""
 import json
+import os
 import ssl
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+
+STRANGER = tempfile.mkdtemp(prefix="security-probe-")
+
+
+def stranger():
+    """A client certificate of this host's own making: valid, but no server pins it."""
+    cert, key = os.path.join(STRANGER, "stranger.crt"), os.path.join(STRANGER, "stranger.key")
+    if not os.path.exists(cert):
+        subprocess.run(["openssl", "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=stranger",
+                        "-addext", "extendedKeyUsage=clientAuth"], check=True, capture_output=True)
+    return cert, key
 
 
 def one(spec):
@@ -21,6 +37,8 @@ def one(spec):
     if body is not None and spec.get("chunked"):
         body = iter([body[i:i + 65536] for i in range(0, len(body), 65536)])  # urllib sends it chunked
     context = ssl.create_default_context(cafile=spec["cafile"]) if spec.get("cafile") else None
+    if context is not None and spec.get("cert"):
+        context.load_cert_chain(*(stranger() if spec["cert"] == "stranger" else (spec["cert"], spec["cert_key"])))
     request = urllib.request.Request(spec["url"], data=body, headers=headers, method=spec.get("method", "POST"))
     deadline = time.monotonic() + spec.get("wait_s", 0)
     while True:

@@ -302,10 +302,11 @@ class ConnectionPool:
                 pass
 
 
-async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True, pool=None):
+async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True, pool=None, headers=None):
     """One streaming chat completion. Returns a result dict; never raises for network or HTTP failures.
 
-    pool: a ConnectionPool to take the connection from and give it back to (else one connection, closed after)."""
+    pool: a ConnectionPool to take the connection from and give it back to (else one connection, closed after).
+    headers: more request headers {name: value} (e.g. the gateway's X-Onprem-Canary, which pins a server)."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     endpoint = (parts.scheme, parts.hostname, port)
@@ -314,6 +315,7 @@ async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True, pool=N
         pool = ConnectionPool(ssl_verify)
     path = parts.path + (("?" + parts.query) if parts.query else "")
     payload = json.dumps(body).encode("utf-8")
+    extra_headers = headers or {}
     headers = [
         "POST %s HTTP/1.1" % path,
         "Host: %s" % parts.netloc,
@@ -324,6 +326,7 @@ async def stream_chat(url, api_key, body, timeout=120.0, ssl_verify=True, pool=N
     ]
     if api_key:
         headers.append("Authorization: Bearer %s" % api_key)
+    headers += ["%s: %s" % item for item in sorted(extra_headers.items())]
     request = ("\r\n".join(headers) + "\r\n\r\n").encode("latin-1") + payload
     result = {"ok": False, "ttft": None, "latency": None, "output_tokens": 0, "prompt_tokens": None,
               "decode_tps": None, "tpot": None, "itl": [], "error": None}
@@ -499,7 +502,7 @@ def summarize_level(concurrency, results, duration):
 
 
 async def run_level(url, api_key, body, concurrency, num_requests, timeout=120.0, ssl_verify=True, on_done=None,
-                    pool=None):
+                    pool=None, headers=None):
     """num_requests requests, at most `concurrency` in flight. Returns (results, wall seconds).
 
     body: one request body for every request, or a list of them: request i sends body[i % len(body)] (requests start
@@ -512,7 +515,7 @@ async def run_level(url, api_key, body, concurrency, num_requests, timeout=120.0
     async def one(idx):
         async with sem:
             res = await stream_chat(url, api_key, bodies[idx % len(bodies)], timeout=timeout, ssl_verify=ssl_verify,
-                                    pool=pool)
+                                    pool=pool, headers=headers)
             results.append(res)
             if on_done is not None:
                 on_done(res, len(results), num_requests)
@@ -524,7 +527,7 @@ async def run_level(url, api_key, body, concurrency, num_requests, timeout=120.0
 
 
 def run_sweep(url, api_key, body, concurrency, num_requests, warmup=1, timeout=120.0, ssl_verify=True,
-              progress=None, stop_when_all_fail=True, deadline=None):
+              progress=None, stop_when_all_fail=True, deadline=None, headers=None):
     """The whole sweep for one endpoint (blocking). Returns a dict with levels, partial flag and notes.
 
     num_requests: an int (the same at every level) or a dict {concurrency: n}. progress(event: dict) is called
@@ -542,7 +545,8 @@ def run_sweep(url, api_key, body, concurrency, num_requests, warmup=1, timeout=1
     try:
         if warmup:
             results, elapsed = loop.run_until_complete(
-                run_level(url, api_key, body, 1, int(warmup), timeout=timeout, ssl_verify=ssl_verify, pool=pool))
+                run_level(url, api_key, body, 1, int(warmup), timeout=timeout, ssl_verify=ssl_verify, pool=pool,
+                          headers=headers))
             failed = [r for r in results if not r["ok"]]
             out["warmup"] = {"requests": len(results), "failed": len(failed), "duration_s": _r(elapsed)}
             report({"phase": "warmup", "done": len(results), "failed": len(failed)})
@@ -567,7 +571,7 @@ def run_sweep(url, api_key, body, concurrency, num_requests, warmup=1, timeout=1
 
             results, elapsed = loop.run_until_complete(
                 run_level(url, api_key, body, level, count, timeout=timeout, ssl_verify=ssl_verify, on_done=on_done,
-                          pool=pool))
+                          pool=pool, headers=headers))
             summary = summarize_level(level, results, elapsed)
             out["levels"].append(summary)
             report({"phase": "level_done", "concurrency": level, "summary": summary})

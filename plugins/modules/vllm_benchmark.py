@@ -54,6 +54,16 @@ options:
         description: What the report shows beside the numbers (C(vllm_version), C(image), C(model), C(args), C(kv_plan)).
         type: dict
         default: {}
+      headers:
+        description: More request headers, e.g. the gateway's C(X-Onprem-Canary), which pins the requests to one server
+          behind it (onprem.vllm.gateway_canary_token). Never logged.
+        type: dict
+        default: {}
+      ca_pem:
+        description: The certificate (PEM) the target's https certificate must chain to, e.g. the gateway's own
+          self-signed one; empty uses the system's CAs (and O(validate_certs)).
+        type: str
+        default: ""
   concurrency:
     description: Concurrency levels of the sweep; each must be at least 1.
     type: list
@@ -214,6 +224,7 @@ regressions:
 import datetime
 import json
 import os
+import ssl
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -291,6 +302,8 @@ def main():
                 api_key=dict(type="str", default="", no_log=True),
                 model=dict(type="str", required=True),
                 meta=dict(type="dict", default={}),
+                headers=dict(type="dict", default={}, no_log=True),
+                ca_pem=dict(type="str", default=""),
             )),
             concurrency=dict(type="list", elements="raw", default=[1, 4, 8, 16, 32]),
             num_requests=dict(type="int", default=0),
@@ -366,9 +379,11 @@ def main():
             progress.failed = 0
             body = build_body(target["model"], params["prompt"], params["system_prompt"], params["max_tokens"],
                               params["ignore_eos"], params["temperature"])
+            # A target's own CA (e.g. the gateway's self-signed certificate) is the only one trusted for it.
+            verify = ssl.create_default_context(cadata=target["ca_pem"]) if target["ca_pem"] else params["validate_certs"]
             sweep = run_sweep(urls[target["name"]], target["api_key"], body, levels, counts, warmup=params["warmup"],
-                              timeout=params["request_timeout"], ssl_verify=params["validate_certs"],
-                              progress=progress.event, deadline=deadline)
+                              timeout=params["request_timeout"], ssl_verify=verify,
+                              progress=progress.event, deadline=deadline, headers=target["headers"])
             host_problems = sweep_failures(target["name"], sweep)
             measured = {level["concurrency"] for level in sweep["levels"]}
             if not sweep["partial"] and measured != set(levels):

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import sys
 import tempfile
 import threading
@@ -207,10 +208,19 @@ def kept_answers(state_dir: str) -> list[dict]:
     return answers
 
 
-def poll(url: str, key: str, timeout: float) -> dict | None:
+def tls_context(tls: dict | None) -> ssl.SSLContext | None:
+    """A server over mutual TLS (its config entry's tls): its pinned certificate, and the gateway's client identity."""
+    if not tls:
+        return None
+    context = ssl.create_default_context(cafile=tls["ca"])
+    context.load_cert_chain(tls["cert"], tls["key"])
+    return context
+
+
+def poll(url: str, key: str, timeout: float, context: ssl.SSLContext | None = None) -> dict | None:
     request = urllib.request.Request(url.rstrip("/") + "/onprem/usage", headers={"Authorization": "Bearer " + key})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310 (the config's http URLs)
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:  # noqa: S310 (config URLs)
             data = json.load(answer)
     except (OSError, ValueError):
         return None
@@ -277,7 +287,12 @@ class Service:
     def poll_once(self, today: datetime.date | None = None) -> list[dict]:
         answered = unanswered = 0
         for server in self.config["servers"]:
-            answer = poll(server["url"], self.config["key"], float(self.config.get("timeout", 3)))
+            try:
+                context = tls_context(server.get("tls"))
+            except (OSError, ValueError):
+                unanswered += 1  # a certificate not there yet: counted as unanswered, asked again next time
+                continue
+            answer = poll(server["url"], self.config["key"], float(self.config.get("timeout", 3)), context)
             if answer is None:
                 unanswered += 1
                 continue

@@ -16,8 +16,10 @@ removes the flag (the service's ExecStart), and /run is empty after a boot anywa
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -30,11 +32,11 @@ STATUS_PATH = "/onprem/drain"
 UNREADABLE = {"unreadable": True}
 
 
-def read_status(server: str) -> dict | None:
+def read_status(server: str, context: ssl.SSLContext | None = None) -> dict | None:
     """A server's drain status; None when nothing listens (stopped, or not started yet): nothing to wait for there.
     A server whose middleware predates the status (an error answer) reports nothing: only --min-wait holds for it."""
     try:
-        with urllib.request.urlopen(server.rstrip("/") + STATUS_PATH, timeout=5) as resp:
+        with urllib.request.urlopen(server.rstrip("/") + STATUS_PATH, timeout=5, context=context) as resp:
             return json.loads(resp.read().decode())
     except urllib.error.HTTPError:
         return {}
@@ -83,8 +85,17 @@ def main(argv=None) -> int:
                         help="a server's base URL on this host, e.g. http://127.0.0.1:8000 (repeatable)")
     parser.add_argument("--min-wait", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--ca", default="", help="https servers: their certificate, the only one trusted")
+    parser.add_argument("--cert", default="", help="https servers: the client certificate this host presents")
+    parser.add_argument("--key", default="", help="the private key of --cert")
     args = parser.parse_args(argv)
-    waited, statuses = drain(args.flag, args.server, args.min_wait, args.timeout)
+    context = None
+    if args.ca:
+        context = ssl.create_default_context(cafile=args.ca)
+        if args.cert:
+            context.load_cert_chain(args.cert, args.key or None)
+    waited, statuses = drain(args.flag, args.server, args.min_wait, args.timeout,
+                             read=functools.partial(read_status, context=context))
     # One JSON line in the journal: what each server reported last (the fleet scenario reads it after a reboot).
     print("onprem-vllm-drain: " + json.dumps({"waited_s": round(waited, 1), "timeout": waited >= args.timeout,
                                               "servers": dict(zip(args.server, statuses))}), file=sys.stderr)

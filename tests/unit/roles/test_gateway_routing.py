@@ -524,6 +524,17 @@ def _ansible_playbook(inventory, book, timeout=180):
     return proc.returncode, tasks
 
 
+def _render(tmp, inventory, render, stand_in, client):
+    """Writes the test's inventory, playbook and scripts into tmp and runs the playbook: its tasks' results."""
+    (tmp / "hosts.yml").write_text(json.dumps(inventory))
+    (tmp / "render.yml").write_text(render)
+    (tmp / "stand_in.py").write_text(stand_in)
+    (tmp / "client.py").write_text(client)
+    rc, tasks = _ansible_playbook(tmp / "hosts.yml", tmp / "render.yml")
+    assert rc == 0, _failures(tasks)
+    return tasks
+
+
 def _failures(tasks):
     return {name: {host: result.get("msg") for host, result in hosts.items()
                    if result.get("failed") and not result.get("ignored")}
@@ -709,12 +720,7 @@ def gateway(tmp_path_factory):
                 "gateway_image_tag": GATEWAY_IMAGE.split(":", 1)[1], "gateway_tls_certificate": tls_cert,
                 "gateway_tls_key": tls_key, "gateway_metrics_port": 0, "gateway_max_connections_per_source": 0,
                 "gateway_client_keys": [{"name": "full", "key": FULL_KEY}]}}}}}}
-    (tmp / "hosts.yml").write_text(json.dumps(inventory))
-    (tmp / "render.yml").write_text(RENDER)
-    (tmp / "stand_in.py").write_text(STAND_IN)
-    (tmp / "client.py").write_text(CLIENT)
-    rc, tasks = _ansible_playbook(tmp / "hosts.yml", tmp / "render.yml")
-    assert rc == 0, _failures(tasks)
+    _render(tmp, inventory, RENDER, STAND_IN, CLIENT)
     (other / "tls.pem").write_text(tls_cert + tls_key)
     for folder in (config, other):
         folder.chmod(0o755)

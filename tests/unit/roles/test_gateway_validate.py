@@ -39,11 +39,15 @@ PLAYBOOK = """
 """ % os.path.join(ROOT, "roles", "gateway", "templates", "clients.map.j2")
 IDE, IDE_NEXT, BATCH = "ide-key-0123456789abcdef", "ide-next-0123456789abcdef", "batch-key-0123456789abcdef"
 BASE = {"gateway_image_tag": "3.2-lab", "gateway_backend_api_key": "server-key-0123456789abcdef",
+        "gateway_backend_tls": False,
         "gateway_backends": [{"name": "chat", "runner": "generate", "served_names": ["tiny-chat", "chat-alias"],
                               "servers": [{"name": "ws1", "address": "10.0.0.11", "port": 8000}]},
                              {"name": "embed", "runner": "pooling", "served_names": ["tiny-embed"],
                               "servers": [{"name": "ws2", "address": "10.0.0.12", "port": 8001}]}]}
 CASES = {
+    # Mutual TLS to servers whose certificates no play published (they are not even in the inventory).
+    "tls_without_server_certificates": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
+                                        "gateway_backend_tls": True},
     "rotating": {"gateway_client_keys": [{"name": "ide", "key": IDE, "rotation_key": IDE_NEXT},
                                          {"name": "batch", "key": BATCH}]},
     "short_rotation_key": {"gateway_client_keys": [{"name": "ide", "key": IDE, "rotation_key": "short"}]},
@@ -110,6 +114,8 @@ MESSAGES = {
     "budget_not_a_list": "gateway_client_keys: client ide's token_budgets must be a list of {tokens, period, models",
     "client_named_direct": "gateway_client_keys: the client name direct is the servers' name for requests that did "
                            "not come through a gateway",
+    "tls_without_server_certificates": "gateway_backend_tls is on, but no certificate of server(s) ws1, ws2 is known "
+                                       "to pin (vllm_server_tls_certificate)",
 }
 
 

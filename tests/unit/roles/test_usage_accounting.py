@@ -234,7 +234,7 @@ def test_the_service_keeps_each_ledger_once_and_applies_refusals_to_file_and_hap
     answers = {"http://ws1:8000": _answer("a" * 32, {"2026-12-06": {"batch": {"qwen3": [1, 900, 200]}}}),
                "http://ws1-again:8000": _answer("a" * 32, {"2026-12-06": {"batch": {"qwen3": [1, 900, 200]}}}),
                "http://ws2:8000": None}
-    monkeypatch.setattr(service, "poll", lambda url, key, timeout: answers[url])
+    monkeypatch.setattr(service, "poll", lambda url, key, timeout, context=None: answers[url])
     config = {"key": "k", "state_dir": str(tmp_path / "state"), "acl_file": str(tmp_path / "over-budget.lst"),
               "acl_name": "/var/lib/haproxy-state/over-budget.lst", "admin_socket": str(tmp_path / "admin.sock"),
               "servers": [{"name": name, "url": url}

@@ -92,7 +92,7 @@ def test_read_status_tells_a_stopped_server_from_a_slow_one(tmp_path):
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)  # accepts, never answers
         original = drain.urllib.request.urlopen
-        drain.urllib.request.urlopen = lambda url, timeout: original(url, timeout=0.5)
+        drain.urllib.request.urlopen = lambda url, timeout, context=None: original(url, timeout=0.5, context=context)
         try:
             assert drain.read_status("http://127.0.0.1:%d" % silent.getsockname()[1]) == drain.UNREADABLE
         finally:
