@@ -22,7 +22,10 @@ local holds = {}
 local planned = {}
 -- backend name -> when (ms) update_planned last finished asking a DOWN server of it its drain status
 local polled_at = {}
-local PLANNED_BOUND_MS = math.floor((tonumber((...)) or 0) * 1000)
+local PLANNED_BOUND_MS = math.floor((tonumber((select(1, ...))) or 0) * 1000)
+-- With mutual TLS to the servers (lua-load's second argument): haproxy.cfg's listen onprem-status, which reaches a
+-- server with the gateway's client certificate, as this HTTP client cannot.
+local STATUS_ADDRESS = select(2, ...)
 
 local POLL_MS = 100
 local STATUS_POLL_MS = 500
@@ -58,9 +61,16 @@ end
 -- What a server's middleware says of its drain: "shutdown" (draining, no GPU fault), "fault" (a GPU fault), "other"
 -- (it answered anything else: not draining, or no drain status at all), nil (no answer: stopped, rebooting or
 -- unreachable).
-local function drain_status(server)
-  local response = core.httpclient():get{ url = "http://" .. server:get_addr() .. "/onprem/drain",
-                                           timeout = STATUS_TIMEOUT_MS }
+local function drain_status(backend_name, server_name, server)
+  local response
+  if STATUS_ADDRESS then
+    response = core.httpclient():get{ url = "http://" .. STATUS_ADDRESS .. "/onprem/drain",
+                                      headers = { ["X-Onprem-Status"] = { backend_name .. "/" .. server_name } },
+                                      timeout = STATUS_TIMEOUT_MS }
+  else
+    response = core.httpclient():get{ url = "http://" .. server:get_addr() .. "/onprem/drain",
+                                      timeout = STATUS_TIMEOUT_MS }
+  end
   if response == nil or response.status == nil or response.status == 0 then
     return nil
   end
@@ -82,7 +92,7 @@ local function update_planned(name, backend)
   for server_name, server in pairs(backend.servers) do
     local status = server:get_stats()["status"] or ""
     if status:sub(1, 4) == "DOWN" then
-      local said = drain_status(server)
+      local said = drain_status(name, server_name, server)
       polled_at[name] = now_ms()
       if said == "shutdown" then
         marks[server_name] = marks[server_name] or now_ms()

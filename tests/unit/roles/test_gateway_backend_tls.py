@@ -120,6 +120,20 @@ print(json.dumps(out))
 '''
 
 
+STATUS_ASK = r'''
+import json, urllib.error, urllib.request
+out = {}
+for name, server in (("pinned", "vllm-chat/chat1"), ("impostor", "vllm-chat/chat2"), ("unknown", "vllm-chat/nobody")):
+    req = urllib.request.Request("http://127.0.0.1:8499/onprem/drain", headers={"X-Onprem-Status": server})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as answer:
+            out[name] = [answer.status, json.load(answer)]
+    except urllib.error.HTTPError as exc:
+        out[name] = [exc.code, None]
+print(json.dumps(out))
+'''
+
+
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory):
     for image in (GATEWAY_IMAGE, SERVING_IMAGE):
@@ -186,7 +200,12 @@ def outcome(tmp_path_factory):
             if client.returncode == 0 and "pinned" in json.loads(client.stdout)["through_gateway"]:
                 break
         assert client.returncode == 0, (client.stderr[-3000:], _gateway_log(prefix + "-gw")[-3000:])
+        # The hold's Lua asks a DOWN server its drain status through the gateway's loopback listener (its HTTP
+        # client has no client certificate): from inside the gateway's network namespace, as the Lua does.
+        status = _docker("run", "--rm", "--network", "container:%s-gw" % prefix, "--entrypoint", "python3",
+                         SERVING_IMAGE, "-c", STATUS_ASK, check=False)
         yield {"client": json.loads(client.stdout), "config": (config / "haproxy.cfg").read_text(),
+               "status": json.loads(status.stdout or "{}"),
                "usage_servers": usage_servers, "log": _gateway_log(prefix + "-gw"),
                "pinned_files": sorted(p.name for p in (config / "backends").iterdir())}
     finally:
@@ -201,11 +220,12 @@ def test_the_gateway_serves_through_the_pinned_server_only(outcome):
 
 
 def test_each_server_line_pins_its_own_certificate_and_presents_the_gateways(outcome):
+    # Each server twice: in its backend, and in the drain status listener (named <deployment>-<host> there).
     servers = [line.split() for line in outcome["config"].splitlines() if line.strip().startswith("server ")]
-    assert len(servers) == 2
+    assert sorted(line[1] for line in servers) == ["chat-chat1", "chat-chat2", "chat1", "chat2"]
     for line in servers:
         assert line[3:] == ["ssl", "verify", "required", "ca-file",
-                            "/usr/local/etc/haproxy/backends/server-%s.crt" % line[1],
+                            "/usr/local/etc/haproxy/backends/server-%s.crt" % line[1].split("-")[-1],
                             "crt", "/usr/local/etc/haproxy/backends/client.pem"]
     assert outcome["pinned_files"] == ["client.pem", "client.pem.key", "server-chat1.crt", "server-chat2.crt"]
 
@@ -221,3 +241,10 @@ def test_the_usage_service_asks_each_server_over_mutual_tls(outcome):
         assert server["url"].startswith("https://")
         assert server["tls"]["cert"].endswith("/backends/client.pem")
         assert server["tls"]["ca"].endswith("/backends/server-%s.crt" % server["name"].split("/")[1])
+
+
+def test_the_holds_drain_status_question_reaches_the_named_server_over_mutual_tls(outcome):
+    # The pinned server answers (it saw the gateway's certificate); the impostor is not asked into trusting a
+    # certificate that is not pinned (503, as a server that answers nothing), and an unknown name is no server (404).
+    assert outcome["status"]["pinned"] == [200, {"server": "pinned", "client": "gateway"}]
+    assert outcome["status"]["impostor"][0] == 503 and outcome["status"]["unknown"][0] == 404
