@@ -139,7 +139,33 @@ def requests_at(args, level):
 
 
 def base_url(args):
-    return args.base_url.rstrip("/") if args.base_url else "http://127.0.0.1:%d" % args.port
+    return args.base_url.rstrip("/") if args.base_url else "http://127.0.0.1:%d" % (
+        FORWARD_PORT if args.tls_dir else args.port)
+
+
+# Lab mode with --tls-dir: the loopback port of tls_forward.py on the lab host, which both clients use.
+FORWARD_PORT = 18000
+
+
+@contextmanager
+def tls_forwarded(host, args):
+    """A server that speaks only mutual TLS is reached by both clients through the same plain loopback door on its
+    host (tls_forward.py, the host's local identity): `vllm bench serve` cannot present a client certificate."""
+    if not args.tls_dir:
+        yield
+        return
+    sh(["docker", "exec", "-i", host, "sh", "-c", "cat > /tmp/onprem-tls-forward.py"],
+       stdin=(Path(__file__).parent / "tls_forward.py").read_text())
+    sh(["docker", "exec", "-d", host, "python3", "/tmp/onprem-tls-forward.py", "--listen",
+        "127.0.0.1:%d" % FORWARD_PORT, "--to", "127.0.0.1:%d" % args.port, "--tls-dir", args.tls_dir])
+    # Until it listens (a client that came first would be refused).
+    sh(["docker", "exec", host, "python3", "-c", "import socket, time\nfor _ in range(100):\n    try:\n"
+        "        socket.create_connection(('127.0.0.1', %d), 1).close(); break\n    except OSError:\n"
+        "        time.sleep(0.1)" % FORWARD_PORT])
+    try:
+        yield
+    finally:
+        sh(["docker", "exec", host, "pkill", "-f", "/tmp/onprem-tls-forward.py"])
 
 
 def output_lens(args, levels):
@@ -286,6 +312,8 @@ def main(argv=None):
     parser.add_argument("--tolerance", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3, help="turns each client takes (ABBA order)")
     parser.add_argument("--container", default="vllm", help="the server's container on the lab host")
+    parser.add_argument("--tls-dir", help="lab mode, a server over mutual TLS: the host's identities (e.g. "
+                                          "/etc/onprem-vllm/tls); both clients go through tls_forward.py")
     parser.add_argument("--no-isolate", dest="isolate", action="store_false",
                         help="let the server and the clients share every CPU")
     parser.add_argument("--json", help="write every figure to this file")
@@ -320,7 +348,9 @@ def main(argv=None):
     print("CPUs: " + ("clients on %s, server on %s" % split if split else "shared by the server and the clients"))
     ours_runs, vllm_runs = {level: [] for level in levels}, {level: [] for level in levels}
     run_tag = secrets.token_hex(3)   # --distinct-prompts: nor does a prompt of an earlier run hit the prefix cache
-    with pinned, VllmBench(args.host, env, args, levels, client_cpus) as vllm_bench:
+    if args.tls_dir and args.base_url:
+        sys.exit("--tls-dir is for lab mode (the lab host's identities), not with --base-url")
+    with pinned, tls_forwarded(args.host, args), VllmBench(args.host, env, args, levels, client_cpus) as vllm_bench:
         # Level by level, the clients taking turns ABBA (ours, vLLM's, vLLM's, ours, ...): the two measurements of a
         # level lie a level's length apart, not a whole sweep's, so the server's drift over minutes (seen on the
         # lab and on the GPU host) weighs on both alike.
