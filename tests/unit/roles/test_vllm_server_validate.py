@@ -38,6 +38,7 @@ CASES = {
     "key_with_whitespace": {"vllm_server_api_key": "REPLACE WITH ansible-vault encrypt_string"},
     "rotation_key_with_whitespace": {"vllm_server_api_key_rotation": "REPLACE WITH ansible-vault encrypt_string"},
     "rotation_without_key": {"vllm_server_api_key": "", "vllm_server_api_key_rotation": "next-0123456789abcdef"},
+    "tls_clients_not_pem": {"case_steps": ["validate.yml"], "vllm_server_tls_clients": "REPLACE WITH the gateway's"},
     "tp_larger_than_gpus": {"vllm_server_cpu_mode": False, "vllm_server_tensor_parallel_size": 2,
                             "vllm_server_gpu_uuids": ["GPU-c3fbd34e-333c-b84b-75d2-81d8feda572f"]},
     "key_flag": {"vllm_server_extra_args": ["--api-key", "sec-value"]},
@@ -113,6 +114,11 @@ def test_a_bad_rotation_key_is_refused_naming_it(checks):
     assert ("vllm_server_api_key_rotation (the plan's onprem_vllm_api_key_rotation) must be one string without spaces"
             in checks[0]["rotation_key_with_whitespace"])
     assert "a rotation needs the current key too" in checks[0]["rotation_without_key"]
+
+
+def test_trusted_clients_that_are_no_certificates_are_refused_naming_the_setting(checks):
+    assert ("vllm_server_tls_clients must hold PEM certificates (-----BEGIN CERTIFICATE-----)"
+            in checks[0]["tls_clients_not_pem"])
 
 
 def test_tensor_parallel_larger_than_the_gpus_assigned(checks):
