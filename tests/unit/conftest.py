@@ -204,6 +204,7 @@ def playbook_cases():
 def call_module(capsys, monkeypatch):
     """call_module(module, **args) -> (exit status, result): the module's main() in this process."""
     from ansible.module_utils import _internal as ansible_internal
+    from ansible.module_utils.common import warnings as common_warnings
     from ansible.module_utils.testing import patch_module_args
 
     # Module warnings go into the result only on a managed host: a test that imported controller code earlier in
@@ -211,6 +212,10 @@ def call_module(capsys, monkeypatch):
     monkeypatch.setattr(ansible_internal, "is_controller", False)
 
     def call(module, **args):
+        # ansible-core keeps warnings in module-level dicts that a module exiting in this process does not empty:
+        # without this, one test's warning shows in the next test's result.
+        common_warnings._global_warnings.clear()  # pylint: disable=protected-access
+        common_warnings._global_deprecations.clear()  # pylint: disable=protected-access
         with patch_module_args(args), pytest.raises(SystemExit) as exited:
             module.main()
         return exited.value.code, json.loads(capsys.readouterr().out)
