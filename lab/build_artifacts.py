@@ -13,7 +13,8 @@ What it makes (lab/build/ is git-ignored; lab/build/share is mounted read-only a
   share/images/<name>_<tag>.tar   `docker save` of each tag (load with `docker load -i`); lab2's leaves out the layers
                                   it shares with v0.32.0, which every lab host holds (labctl.omit_host_layers)
   share/models/onprem-lab--tiny-qwen3-<rev12>.tar  the checkpoint as a Hugging Face cache repo folder (and
-                                  onprem-lab--tiny-embed-<rev12>.tar, the fleet's embedding model: MODELS)
+                                  onprem-lab--tiny-embed-<rev12>.tar, the fleet's embedding model, and
+                                  onprem-lab--tiny-vl-<rev12>.tar, a vision-language model: MODELS)
   share/hf-seed/hub/models--onprem-lab--tiny-qwen3/ the same, unpacked (usable as HF_HOME)
   share/manifest.json             image IDs, recipe hashes, tar sizes, the checkpoint revision
 
@@ -67,7 +68,11 @@ MODEL_REPO_DIR = f"models--{MODEL_ORG}--{MODEL_NAME}"
 MODELS = {
     MODEL_ID: [],
     f"{MODEL_ORG}/tiny-embed": ["--hidden", "128", "--layers", "1", "--seed", "20261204"],
+    f"{MODEL_ORG}/tiny-vl": [],
 }
+# The generator of a checkpoint that is not make_tiny_qwen3.py's: the vision-language one (Qwen3-VL's architecture,
+# the tiny Qwen3 as its language model), which imports make_tiny_qwen3.py.
+GENERATORS = {f"{MODEL_ORG}/tiny-vl": GENERATOR.parent / "make_tiny_qwen3_vl.py"}
 DEFAULT_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 DEFAULT_PIP_INDEX = "https://pypi.org/simple"
@@ -282,13 +287,13 @@ def save_image(args, tag: str, image_id: str, manifest: dict, report: dict, omit
 
 
 # ---------------------------------------------------------------- checkpoint
-def generate_checkpoint_files(out: Path, generator_args: list[str]) -> dict:
+def generate_checkpoint_files(out: Path, generator: Path, generator_args: list[str]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python",
          "-e", "PYTHONHASHSEED=0", "-e", "TOKENIZERS_PARALLELISM=false",
          "-v", f"{GENERATOR.parent}:/gen:ro", "-v", f"{out}:/out", IMAGE_TAG,
-         "/gen/make_tiny_qwen3.py", "--out", "/out", *generator_args],
+         f"/gen/{generator.name}", "--out", "/out", *generator_args],
         capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise BuildError(f"checkpoint generator failed: {proc.stderr.strip().splitlines()[-5:]}")
@@ -352,9 +357,11 @@ def write_repo_tar(repo_dir: Path, tar_path: Path) -> None:
 def build_checkpoint(args, model_id: str, serving_recipe_hash: str, manifest: dict, report: dict,
                      timings: dict) -> None:
     generator_args = MODELS[model_id]
+    generator = GENERATORS.get(model_id, GENERATOR)
     org, name = model_id.split("/")
     repo_dir = f"models--{org}--{name}"
-    recipe = short_hash({"generator": sha256_file(GENERATOR), "image_recipe": serving_recipe_hash,
+    recipe = short_hash({"generator": sha256_file(generator), "image_recipe": serving_recipe_hash,
+                         **({"generator_imports": sha256_file(GENERATOR)} if generator != GENERATOR else {}),
                          "layout_version": 1, **({"args": generator_args} if generator_args else {})})
     entry = manifest["models"].get(model_id, {})
     seed_repo = SHARE_DIR / "hf-seed" / "hub" / repo_dir
@@ -366,11 +373,11 @@ def build_checkpoint(args, model_id: str, serving_recipe_hash: str, manifest: di
     with tempfile.TemporaryDirectory(prefix="onprem-ckpt-", dir=BUILD_DIR) as tmp:
         first, second = Path(tmp) / "a", Path(tmp) / "b"
         started = time.monotonic()
-        info = generate_checkpoint_files(first, generator_args)
+        info = generate_checkpoint_files(first, generator, generator_args)
         timings[f"checkpoint generation of {model_id} (one run)"] = round(time.monotonic() - started, 1)
         hashes = file_hashes(first)
         if not args.skip_determinism_check:
-            generate_checkpoint_files(second, generator_args)
+            generate_checkpoint_files(second, generator, generator_args)
             if file_hashes(second) != hashes:
                 diff = sorted(n for n in hashes if file_hashes(second).get(n) != hashes[n])
                 raise BuildError(f"the checkpoint generator is not deterministic: {diff} differ between two runs")
