@@ -91,6 +91,26 @@ def train_tokenizer(out: Path) -> int:
     return tok.get_vocab_size()
 
 
+def seeded_tensors(shapes: dict, seed: int) -> dict:
+    """bfloat16 tensors of these shapes: norms' weights 1, biases 0, the rest N(0, 0.02) from one seeded generator in
+    sorted-name order; lm_head is left out (tied to embed_tokens)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name in sorted(shapes):
+        if name == "lm_head.weight":
+            continue
+        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight")):
+            value = torch.ones(shapes[name], dtype=torch.float32)
+        elif name.endswith(".bias"):
+            value = torch.zeros(shapes[name], dtype=torch.float32)
+        else:
+            value = torch.randn(shapes[name], generator=gen, dtype=torch.float32) * 0.02
+        tensors[name] = value.to(torch.bfloat16).contiguous()
+    return tensors
+
+
 def write_model(out: Path, tokenizer_vocab: int, hidden: int = HIDDEN, layers: int = LAYERS, seed: int = SEED) -> dict:
     import torch
     from safetensors.torch import save_file
@@ -135,16 +155,7 @@ def write_model(out: Path, tokenizer_vocab: int, hidden: int = HIDDEN, layers: i
     torch.manual_seed(seed)
     hf_config = Qwen3Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")})
     shapes = {name: tuple(t.shape) for name, t in Qwen3ForCausalLM(hf_config).state_dict().items()}
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name in sorted(shapes):
-        if name == "lm_head.weight":  # tied to embed_tokens
-            continue
-        if name.endswith("norm.weight"):
-            value = torch.ones(shapes[name], dtype=torch.float32)
-        else:
-            value = torch.randn(shapes[name], generator=gen, dtype=torch.float32) * 0.02
-        tensors[name] = value.to(torch.bfloat16).contiguous()
+    tensors = seeded_tensors(shapes, seed)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     params = sum(t.numel() for t in tensors.values())
     return {"vocab_size": vocab, "parameters": params}

@@ -96,18 +96,7 @@ def write_model(out: Path, tokenizer_vocab: int, ids: dict, seed: int = SEED) ->
     torch.manual_seed(seed)
     hf_config = Qwen3VLConfig.from_dict({k: v for k, v in config.items() if k not in ("architectures", "dtype")})
     shapes = {name: tuple(t.shape) for name, t in Qwen3VLForConditionalGeneration(hf_config).state_dict().items()}
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name in sorted(shapes):
-        if name == "lm_head.weight":  # tied to embed_tokens
-            continue
-        if name.endswith("norm.weight") or name.endswith("norm1.weight") or name.endswith("norm2.weight"):
-            value = torch.ones(shapes[name], dtype=torch.float32)
-        elif name.endswith(".bias"):
-            value = torch.zeros(shapes[name], dtype=torch.float32)
-        else:
-            value = torch.randn(shapes[name], generator=gen, dtype=torch.float32) * 0.02
-        tensors[name] = value.to(torch.bfloat16).contiguous()
+    tensors = text.seeded_tensors(shapes, seed)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return {"vocab_size": vocab, "parameters": sum(t.numel() for t in tensors.values())}
 
