@@ -35,6 +35,9 @@ T0=$(date +%s)
 # (cut_layers.py), so a compiled startup takes about a minute; a utilization written B<GiB> is the one whose budget
 # (utilization x the device total that torch reports) is that many GiB, rounded to 0.001, so a run sits at the same
 # distance from vLLM's fit check on any GPU.
+# Cold and warm pairs (cw-*): each pair has its own vLLM and Inductor caches, so its first startup compiles from
+# nothing and its second loads what the first stored; the difference of their profiles is what a cold torch.compile
+# adds to the first start of a new deployment, at two or three max_num_batched_tokens, two max_num_seqs and for three widths of model.
 # id | model-configs dir | gpu_memory_utilization | max_model_len | further flags | estimated seconds (as measured,
 # rounded up; rows not run yet: a guess)
 # [| environment: VAR=value ..., e.g. VLLM_USE_V2_MODEL_RUNNER=0 for the runner that profiles a vision encoder]
@@ -108,6 +111,19 @@ q8bL8-u090-8k|Qwen3-8B-L8|0.9|8192||90
 q8bL8-u050-8k|Qwen3-8B-L8|0.5|8192||50
 q8bL8-u090-40k|Qwen3-8B-L8|0.9|40960||70
 q8bL8-u050-40k|Qwen3-8B-L8|0.5|40960||50
+cw-g3-27bL12-cold|gemma-3-27b-it-text-L12|0.9|32768||110|VLLM_CACHE_ROOT=/root/kvc/g27 TORCHINDUCTOR_CACHE_DIR=/root/kvc/g27/inductor
+cw-g3-27bL12-warm|gemma-3-27b-it-text-L12|0.9|32768||70|VLLM_CACHE_ROOT=/root/kvc/g27 TORCHINDUCTOR_CACHE_DIR=/root/kvc/g27/inductor
+cw-g3-27bL12-mnbt4k-cold|gemma-3-27b-it-text-L12|0.9|32768|--max-num-batched-tokens 4096|110|VLLM_CACHE_ROOT=/root/kvc/g27-4k TORCHINDUCTOR_CACHE_DIR=/root/kvc/g27-4k/inductor
+cw-g3-27bL12-mnbt4k-warm|gemma-3-27b-it-text-L12|0.9|32768|--max-num-batched-tokens 4096|70|VLLM_CACHE_ROOT=/root/kvc/g27-4k TORCHINDUCTOR_CACHE_DIR=/root/kvc/g27-4k/inductor
+cw-g3-27bL12-mnbt16k-cold|gemma-3-27b-it-text-L12|0.9|32768|--max-num-batched-tokens 16384|110|VLLM_CACHE_ROOT=/root/kvc/g27-16k TORCHINDUCTOR_CACHE_DIR=/root/kvc/g27-16k/inductor
+cw-g3-27bL12-mnbt16k-warm|gemma-3-27b-it-text-L12|0.9|32768|--max-num-batched-tokens 16384|70|VLLM_CACHE_ROOT=/root/kvc/g27-16k TORCHINDUCTOR_CACHE_DIR=/root/kvc/g27-16k/inductor
+cw-g3-27bL12-seqs256-cold|gemma-3-27b-it-text-L12|0.9|32768|--max-num-seqs 256|110|VLLM_CACHE_ROOT=/root/kvc/g27-s256 TORCHINDUCTOR_CACHE_DIR=/root/kvc/g27-s256/inductor
+cw-g3-1b-cold|gemma-3-1b-it|0.9|32768||100|VLLM_CACHE_ROOT=/root/kvc/g1b TORCHINDUCTOR_CACHE_DIR=/root/kvc/g1b/inductor
+cw-g3-1b-warm|gemma-3-1b-it|0.9|32768||60|VLLM_CACHE_ROOT=/root/kvc/g1b TORCHINDUCTOR_CACHE_DIR=/root/kvc/g1b/inductor
+cw-q8bL8-cold|Qwen3-8B-L8|0.9|8192||90|VLLM_CACHE_ROOT=/root/kvc/q8 TORCHINDUCTOR_CACHE_DIR=/root/kvc/q8/inductor
+cw-q8bL8-warm|Qwen3-8B-L8|0.9|8192||60|VLLM_CACHE_ROOT=/root/kvc/q8 TORCHINDUCTOR_CACHE_DIR=/root/kvc/q8/inductor
+cw-q8bL8-mnbt16k-cold|Qwen3-8B-L8|0.9|8192|--max-num-batched-tokens 16384|90|VLLM_CACHE_ROOT=/root/kvc/q8-16k TORCHINDUCTOR_CACHE_DIR=/root/kvc/q8-16k/inductor
+cw-q8bL8-mnbt16k-warm|Qwen3-8B-L8|0.9|8192|--max-num-batched-tokens 16384|60|VLLM_CACHE_ROOT=/root/kvc/q8-16k TORCHINDUCTOR_CACHE_DIR=/root/kvc/q8-16k/inductor
 '
 
 row() { printf '%s\n' "$RUNS" | awk -F'|' -v id="$1" '$1 == id'; }
