@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH
 scenarios=(${MOLECULE_SCENARIOS:?the Makefile names the scenarios: run make test})
-declare -A budget=([venv]=600 [lint]=300 [sanity]=420 [unit]=600 [lab-artifacts]=1200 [unit-lab-share]=300
+declare -A budget=([venv]=600 [lint]=300 [sanity]=420 [unit]=600 [lab-artifacts]=1200 [unit-lab-share]=900
                    [molecule-default]=600 [molecule-gpu_stack]=900 [molecule-gpu_workstation]=1200
                    [molecule-vllm_server]=1200 [molecule-fleet]=4500)
 t0=$(date +%s)
@@ -91,8 +91,9 @@ trap - EXIT
 ((status == 0)) || finish 1
 
 # The unit tests that need the lab share's model tarball: on a fresh machine it was still building during the unit
-# stage, and there they would have been skipped. Here a missing tarball fails them. One process, ~26 s: it runs
-# beside the first scenario group, whose last minute leaves a core idle, instead of before it.
+# stage, and there they would have been skipped. Here a missing tarball fails them. One process: ~26 s, and the
+# vision-language server's start (tests/unit/lab/test_tiny_vl.py: a minute alone, longer beside the scenarios). It
+# runs beside the first scenario group, whose last minute leaves a core idle, instead of before it.
 start_background unit-lab-share env ONPREM_VLLM_REQUIRE_LAB_SHARE=1 pytest tests/unit -q -m needs_lab_share
 lab_share_units=$background_pid
 trap 'kill $lab_share_units 2>/dev/null' EXIT

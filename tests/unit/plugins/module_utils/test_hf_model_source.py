@@ -173,14 +173,17 @@ def test_weights_and_dtype_of_a_multimodal_config():
 
 @pytest.mark.needs_lab_share
 def test_the_lab_tarballs_give_the_facts_of_their_unpacked_seeds(lab_model_tarball):
-    """Each of the lab share's real model tarballs (lab/build_artifacts.py: the tiny Qwen3 and the fleet's embedding
-    model) read in place, by branch and by commit, gives what the unpacked copy of the same folder gives: what the
-    fleet's plan check reads before a host staged the model."""
+    """Each of the lab share's real model tarballs (lab/build_artifacts.py: the tiny Qwen3, the fleet's embedding
+    model and the vision-language one) read in place, by branch and by commit, gives what the unpacked copy of the
+    same folder gives: what the fleet's plan check reads before a host staged the model."""
     share = os.path.join(os.path.dirname(lab_model_tarball), "..")
     with open(os.path.join(share, "manifest.json"), encoding="utf-8") as handle:
         models = json.load(handle)["models"]
-    assert {"onprem-lab/tiny-qwen3", "onprem-lab/tiny-embed"} <= set(models)
-    hidden = {}
+    # model type and (the language model's) hidden size of each
+    expected = {"onprem-lab/tiny-qwen3": ("qwen3", 256), "onprem-lab/tiny-embed": ("qwen3", 128),
+                "onprem-lab/tiny-vl": ("qwen3_vl", 256)}
+    assert set(expected) <= set(models)
+    seen = {}
     for model, entry in models.items():
         tarball = os.path.join(share, entry["tar"])
         by_branch = src.from_archive(tarball, model, "main")
@@ -188,9 +191,10 @@ def test_the_lab_tarballs_give_the_facts_of_their_unpacked_seeds(lab_model_tarba
         unpacked = src.from_cache_folder(os.path.join(share, entry["hf_seed"]), entry["revision"])
         assert by_branch == dict(unpacked, origin=by_branch["origin"])
         assert src.from_archive(tarball, model, entry["revision"]) == by_branch
-        assert by_branch["config"]["model_type"] == "qwen3" and 0 < by_branch["weight_bytes"] < by_branch["size_bytes"]
-        hidden[model] = by_branch["config"]["hidden_size"]
-    assert hidden["onprem-lab/tiny-qwen3"] == 256 and hidden["onprem-lab/tiny-embed"] == 128
+        assert 0 < by_branch["weight_bytes"] < by_branch["size_bytes"]
+        config = by_branch["config"]
+        seen[model] = (config["model_type"], config.get("text_config", config)["hidden_size"])
+    assert {model: seen[model] for model in expected} == expected
 
 
 def test_cached_revision_by_commit_branch_and_missing_parts(tmp_path):
