@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -79,18 +78,12 @@ def _docker(*args, check=True, timeout=120):
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=timeout)
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_vl_server():
+@pytest.fixture
+def tiny_vl_server(free_port):
     repos = glob.glob(os.path.join(SHARE, "hf-seed", "hub", "models--onprem-lab--tiny-vl", "snapshots", "*"))
     assert repos, "the lab share has no %s checkpoint (make lab-artifacts)" % MODEL
     name = "onprem-test-tiny-vl-%d" % os.getpid()
-    port = _free_port()
+    port = free_port()
     _docker("run", "-d", "--name", name, "--shm-size", "1g", "-e", "VLLM_CPU_KVCACHE_SPACE=1",
             "-v", "%s:/root/.cache/huggingface:ro" % os.path.join(SHARE, "hf-seed"),
             "-p", "127.0.0.1:%d:8000" % port, SERVING_IMAGE, MODEL, "--served-model-name", "tiny-vl",
