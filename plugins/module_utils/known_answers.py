@@ -15,14 +15,20 @@ position with the recorded answer:
   server. From such a flip on, the rest of that answer is conditioned on another prefix and is not compared;
 - a non-finite logprob (NaN, infinity) always fails.
 
-Pooling servers (embeddings) compare each prompt's embedding with the recorded one by cosine similarity.
+Pooling servers (embeddings) compare each prompt's embedding with the recorded one by cosine similarity. A
+vision-language model (its config.json has a vision_config) that accepts images also answers IMAGE_PROMPT about a
+fixed picture made here (four coloured squares): the vision tower, the image processor and the placeholder tokens of
+the chat template are then gated like the language model.
 
 Pure logic: HTTP is injected, so the module, the tests and the benchmark run the same code.
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
+import zlib
 
 # Short prompts of different kinds (fact, code, list, translation, arithmetic): a model's first tokens on each are
 # stable under greedy decoding, and together they touch the tokenizer's common paths and the chat template.
@@ -34,6 +40,11 @@ DEFAULT_PROMPTS = (
     "What is 17 times 23?",
 )
 FORMAT = 1
+# The image prompt's entry in a prompt set (and in the answers file's identity): the marker, then the question asked
+# about the fixed picture. A changed picture or question is another prompt set, so answers are recorded again.
+IMAGE_MARK = "<image: 128x128 PNG, four squares: red, green / blue, yellow> "
+IMAGE_PROMPT = IMAGE_MARK + "Name the colours of the four squares in this picture, top left first."
+IMAGE_SIDE = 128
 
 
 class AnswersError(ValueError):
@@ -54,12 +65,49 @@ def checkpoint_dtype(config) -> str:
     return str(text) if text else "unknown"
 
 
+def is_vision_language(config) -> bool:
+    """Whether a checkpoint's config.json is a vision-language model's (Qwen2.5-VL, Qwen3-VL, gemma 3, ...)."""
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
+def picture_png(side: int = IMAGE_SIDE) -> bytes:
+    """The image prompt's picture: a PNG of four flat squares (red, green on top; blue, yellow below), the same bytes
+    on every host and release (no image library: zlib at a fixed level)."""
+    half = side // 2
+    colours = ((255, 0, 0), (0, 160, 0), (0, 0, 255), (255, 220, 0))
+    rows = []
+    for y in range(side):
+        left, right = colours[0:2] if y < half else colours[2:4]
+        rows.append(b"\x00" + bytes(left) * half + bytes(right) * (side - half))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows), 9))
+            + chunk(b"IEND", b""))
+
+
+def prompt_set(prompts, runner: str, config, image_prompt: bool = True) -> list:
+    """The prompts a server is gated on: the deployment's own (or DEFAULT_PROMPTS), plus IMAGE_PROMPT for a
+    vision-language model on the generate runner unless images are off for it (image_prompt false:
+    limit_mm_per_prompt's image is 0)."""
+    result = list(prompts) or list(DEFAULT_PROMPTS)
+    if image_prompt and runner == "generate" and is_vision_language(config) and IMAGE_PROMPT not in result:
+        result.append(IMAGE_PROMPT)
+    return result
+
+
 def request(runner: str, served_model_name: str, prompt: str, positions: int, top_logprobs: int) -> tuple:
     """(path, body) of one prompt's request."""
     if runner == "pooling":
         return "/v1/embeddings", {"model": served_model_name, "input": prompt}
+    content = prompt
+    if prompt.startswith(IMAGE_MARK):
+        url = "data:image/png;base64," + base64.b64encode(picture_png()).decode("ascii")
+        content = [{"type": "image_url", "image_url": {"url": url}},
+                   {"type": "text", "text": prompt[len(IMAGE_MARK):]}]
     return "/v1/chat/completions", {
-        "model": served_model_name, "messages": [{"role": "user", "content": prompt}],
+        "model": served_model_name, "messages": [{"role": "user", "content": content}],
         "max_tokens": positions, "temperature": 0, "seed": 0, "logprobs": True, "top_logprobs": max(top_logprobs, 2)}
 
 
@@ -190,19 +238,20 @@ def _describe(ident: dict, keys, prompts="this prompt set") -> str:
 
 def run(http, *, answers_file: str, model: str, revision: str, model_config, runner: str, served_model_name: str,
         prompts, positions: int, top_logprobs: int, max_logprob_delta: float, tie_margin: float, min_cosine: float,
-        mode: str, image: str, read_json, write_json, now: str) -> dict:
+        mode: str, image: str, read_json, write_json, now: str, image_prompt: bool = True) -> dict:
     """The gate on one server: {outcome, changed, failures, seconds, answers_file, note, error}. MODE gate (compare,
     record when nothing is recorded for this identity), record_missing (record only when nothing is recorded; a
     difference is reported, not a failure) or accept (record the answers as they are). NOTE says why answers were
     recorded instead of compared (outcome recorded: the server was not gated), '' otherwise. ERROR is the failure's
     message, '' when the gate passed.
-    READ_JSON(path) -> parsed or None, WRITE_JSON(path, content) and NOW (a UTC timestamp) are the caller's I/O."""
+    READ_JSON(path) -> parsed or None, WRITE_JSON(path, content) and NOW (a UTC timestamp) are the caller's I/O.
+    IMAGE_PROMPT is among the prompts for a vision-language MODEL_CONFIG unless IMAGE_PROMPT (the flag) is false."""
     import time
 
     result = {"outcome": "", "changed": False, "failures": [], "seconds": 0.0, "answers_file": answers_file,
               "note": "", "error": ""}
-    prompts = list(prompts) or list(DEFAULT_PROMPTS)
     config = read_json(model_config) if model_config else None
+    prompts = prompt_set(prompts, runner, config, image_prompt)
     stored = read_json(answers_file)
     wanted = identity(model, revision, checkpoint_dtype(config), runner, prompts)
     recorded = stored if stored and stored.get("identity") == wanted else None

@@ -126,8 +126,8 @@ options:
     default: {}
   known_answers:
     description:
-      - The known-answer gate (C(vllm_known_answers)'s options model, revision, model_config, prompts, positions,
-        max_logprob_delta, tie_margin, min_cosine), plus C(enabled), C(accept) (record a new server's answers as they
+      - The known-answer gate (C(vllm_known_answers)'s options model, revision, model_config, prompts, image_prompt,
+        positions, max_logprob_delta, tie_margin, min_cosine), plus C(enabled), C(accept) (record a new server's answers as they
         are) and C(recheck) (gate an unchanged server on them).
     type: dict
     default: {}
@@ -253,6 +253,7 @@ import time
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.onprem.vllm.plugins.module_utils import deployment_engine as engine
 from ansible_collections.onprem.vllm.plugins.module_utils import (
@@ -351,7 +352,8 @@ class Deployment:
             answers_file=deployment_record.answers_path(self.p["config_dir"], self.name),
             model=ka.get("model", ""), revision=ka.get("revision", ""),
             model_config=ka.get("model_config", ""), runner=self.p["runner"], served_model_name=served_model_name,
-            prompts=ka.get("prompts") or [], positions=int(ka.get("positions", 16)), top_logprobs=5,
+            prompts=ka.get("prompts") or [], image_prompt=boolean(ka.get("image_prompt", True), strict=False),
+            positions=int(ka.get("positions", 16)), top_logprobs=5,
             max_logprob_delta=float(ka.get("max_logprob_delta", 0.5)), tie_margin=float(ka.get("tie_margin", 0.5)),
             min_cosine=float(ka.get("min_cosine", 0.995)), mode=mode, image=self.spec["image"],
             read_json=deployment_record.read,

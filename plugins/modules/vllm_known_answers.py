@@ -62,6 +62,13 @@ options:
     type: list
     elements: str
     default: []
+  image_prompt:
+    description: >-
+      Whether a vision-language model (its O(model_config) has a C(vision_config)) also answers the collection's
+      fixed image prompt (a 128x128 PNG of four coloured squares, sent as a base64 C(image_url)). False where the
+      server takes no images (C(--limit-mm-per-prompt) with C(image) at 0).
+    type: bool
+    default: true
   positions:
     description: How many generated tokens of each answer are compared.
     type: int
@@ -170,6 +177,7 @@ def main():
             revision=dict(type="str", default=""),
             model_config=dict(type="path", default=""),
             prompts=dict(type="list", elements="str", default=[]),
+            image_prompt=dict(type="bool", default=True),
             positions=dict(type="int", default=16),
             top_logprobs=dict(type="int", default=5),
             max_logprob_delta=dict(type="float", default=0.5),
@@ -199,8 +207,9 @@ def main():
         result = known_answers.run(
             http, answers_file=path, model=p["model"], revision=p["revision"], model_config=p["model_config"],
             runner=p["runner"], served_model_name=p["served_model_name"], prompts=p["prompts"],
-            positions=p["positions"], top_logprobs=p["top_logprobs"], max_logprob_delta=p["max_logprob_delta"],
-            tie_margin=p["tie_margin"], min_cosine=p["min_cosine"], mode=p["mode"], image=p["image"],
+            image_prompt=p["image_prompt"], positions=p["positions"], top_logprobs=p["top_logprobs"],
+            max_logprob_delta=p["max_logprob_delta"], tie_margin=p["tie_margin"], min_cosine=p["min_cosine"],
+            mode=p["mode"], image=p["image"],
             read_json=deployment_record.read,
             write_json=lambda target, content: deployment_record.write(target, deployment_record.dumps(content)),
             now=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))

@@ -87,7 +87,7 @@ def lab_model_tarball():
     return sorted(glob.glob(LAB_MODEL_TARBALLS))[-1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def free_port():
     """free_port() -> a TCP port on 127.0.0.1 that nothing listens on now."""
     def pick():

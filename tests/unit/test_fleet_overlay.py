@@ -31,7 +31,8 @@ ALLOWED = {
     "onprem_vllm_max_num_seqs": "tiny model",
     "onprem_vllm_enforce_eager": "no GPU (torch.compile on 2 cores)",
     "vllm_server_env": "no GPU (vLLM's CPU threads)",
-    "onprem_vllm_deployment_overrides": "tiny model (the router and embedding deployments' model and context only)",
+    "onprem_vllm_deployment_overrides": "tiny model (the deployments' model and context; one CPU worker for a "
+                                        "deployment whose tensor parallel size the example sets)",
     "docker_engine_source": "archive delivery (no Docker repository)",
     "hf_cache_source": "archive delivery (no hub)",
     "hf_cache_archive": "archive delivery",
@@ -148,8 +149,12 @@ def test_the_overlay_wins_over_the_examples_group_vars(tmp_path):
 
 
 def test_the_overlay_changes_only_the_model_and_context_of_the_example_deployments():
+    """And the tensor parallel size, only to 1 (CPU mode: one worker), only where the example sets its own."""
     example = {d["name"]: d for d in load(os.path.join(EXAMPLE, "all", "plan.yml"))["onprem_vllm_deployments"]}
     overrides = load(OVERLAY)["onprem_vllm_deployment_overrides"]
     assert set(overrides) <= set(example), "the overlay adjusts a deployment the example does not have"
     for name, settings in overrides.items():
-        assert set(settings) <= {"model", "model_revision", "max_model_len"}, (name, sorted(settings))
+        assert set(settings) <= {"model", "model_revision", "max_model_len", "tensor_parallel_size"}, \
+            (name, sorted(settings))
+        if "tensor_parallel_size" in settings:
+            assert settings["tensor_parallel_size"] == 1 and "tensor_parallel_size" in example[name], name

@@ -14,7 +14,7 @@ LAB_TAGS = re.compile(r"vllm/vllm-openai:v0\.32\.0(-lab2)?")
 
 # The containers of the fleet's deployments on each host (inventories/example: chat everywhere, router and embed on
 # fleet-ws3, the lab's vllm_rag host).
-EXPECTED = {"fleet-ws1": ["vllm"], "fleet-ws2": ["vllm"], "fleet-ws3": ["vllm", "vllm-embed", "vllm-router"]}
+EXPECTED = {"fleet-ws1": ["vllm"], "fleet-ws2": ["vllm"], "fleet-ws3": ["vllm", "vllm-embed", "vllm-router", "vllm-vision"]}
 
 
 def test_each_server_keeps_its_deployment_record(host):

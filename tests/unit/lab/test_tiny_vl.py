@@ -1,11 +1,15 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The lab's vision-language checkpoint (onprem-lab/tiny-vl, lab/checkpoint/make_tiny_qwen3_vl.py) served by the lab's
 vLLM (the CPU build, lab/serving-image) and asked about photos by the real OpenAI client (inside the serving image):
-PNGs of 0.1, 2 and 8 MB as base64 data URLs, messages before model as the client writes them, streaming and not.
+PNGs of 0.1, 2 and 8 MB as base64 data URLs, in the client's own key order (openai 3.63.0 writes model first),
+streaming and not.
 
 The image tokens prove the photo reached the vision tower: the processor resizes each image to multiples of 32
 pixels (patch 16, merged 2 x 2) within its pixel budget (448 x 448), so the 0.1 MB photo (187 x 187) is 6 x 6 = 36
 tokens and the 2 and 8 MB ones 14 x 14 = 196, each between a vision start and end token.
+
+The known-answer gate's prompt set for this model (module_utils/known_answers.py) holds its fixed image prompt, and the
+same server answers it the same way twice.
 """
 from __future__ import annotations
 
@@ -14,10 +18,13 @@ import json
 import os
 import subprocess
 import time
+import types
 import urllib.request
 
 import pytest
 import yaml
+
+from ansible_collections.onprem.vllm.plugins.module_utils import known_answers
 
 pytestmark = [pytest.mark.needs_docker, pytest.mark.needs_lab_share]
 
@@ -78,8 +85,9 @@ def _docker(*args, check=True, timeout=120):
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=timeout)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiny_vl_server(free_port):
+    """(container name, published port) of the lab's vLLM serving tiny-vl, one server for the module's tests."""
     repos = glob.glob(os.path.join(SHARE, "hf-seed", "hub", "models--onprem-lab--tiny-vl", "snapshots", "*"))
     assert repos, "the lab share has no %s checkpoint (make lab-artifacts)" % MODEL
     name = "onprem-test-tiny-vl-%d" % os.getpid()
@@ -100,13 +108,13 @@ def tiny_vl_server(free_port):
                 assert state == "true", "the server exited: %s" % (logs.stdout + logs.stderr)[-4000:]
                 assert time.monotonic() < deadline, "no /health in 420 s: %s" % (logs.stdout + logs.stderr)[-4000:]
                 time.sleep(3)
-        yield name
+        yield name, port
     finally:
         _docker("rm", "-f", "-v", name, check=False)
 
 
 def test_the_openai_client_asks_the_lab_vision_model_about_photos_of_every_size(tiny_vl_server):
-    proc = _docker("exec", "-i", tiny_vl_server, "python", "-c", CLIENT, timeout=300, check=False)
+    proc = _docker("exec", "-i", tiny_vl_server[0], "python", "-c", CLIENT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     text_only = results.pop("text")[1]
@@ -116,3 +124,35 @@ def test_the_openai_client_asks_the_lab_vision_model_about_photos_of_every_size(
         # the image's tokens and its vision start and end tokens
         tokens = 36 if label.startswith("0.1 ") else 196
         assert result["prompt_tokens"] == text_only + tokens + 2, (label, result, text_only)
+
+
+def test_the_known_answer_gate_asks_the_lab_vision_model_its_image_prompt(tiny_vl_server):
+    """The gate's prompt set for tiny-vl's config.json ends with the image prompt; the server answers every prompt with
+    16 tokens and their logprobs, a second asking matches the first, and the picture reached the vision tower (its
+    image tokens in vLLM's count of the prompt)."""
+    port = tiny_vl_server[1]
+    snapshot = glob.glob(os.path.join(SHARE, "hf-seed", "hub", "models--onprem-lab--tiny-vl", "snapshots", "*"))[0]
+    with open(os.path.join(snapshot, "config.json")) as handle:
+        prompts = known_answers.prompt_set(["The capital of France is"], "generate", json.load(handle))
+    assert prompts[-1] == known_answers.IMAGE_PROMPT
+    usage = []
+
+    def http(method, path, body):
+        request = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), method=method,
+                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            text = answer.read().decode()
+        usage.append(json.loads(text)["usage"]["prompt_tokens"])
+        return types.SimpleNamespace(status=200, body=text)
+    first = known_answers.ask_all(http, "generate", "tiny-vl", prompts, 16, 5)
+    second = known_answers.ask_all(http, "generate", "tiny-vl", prompts, 16, 5)
+    assert all(len(answer["tokens"]) == 16 for answer in first), first
+    assert known_answers.compare(first, second, prompts, positions=16, max_logprob_delta=0.5, tie_margin=0.5,
+                                 min_cosine=0.995) == []
+    # The image prompt against its question alone: the picture's 4 x 4 tokens (128 pixels a side, 32 a token) and
+    # its vision start and end tokens.
+    question = known_answers.IMAGE_PROMPT[len(known_answers.IMAGE_MARK):]
+    usage.clear()
+    http("POST", *known_answers.request("generate", "tiny-vl", known_answers.IMAGE_PROMPT, 1, 2))
+    http("POST", *known_answers.request("generate", "tiny-vl", question, 1, 2))
+    assert usage[0] - usage[1] == 16 + 2, usage

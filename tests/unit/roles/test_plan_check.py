@@ -29,8 +29,6 @@ PLAYBOOK = """
           plan_check_result: "{{ plan_check_result | combine({'kv_plan': gpu_preflight_result.kv_plan}) }}"
 """ % PLAN_PLAYBOOK
 INVENTORY = "[vllm_servers]\nlocalhost ansible_connection=local\n"
-# The example's ws-01: a workstation of vllm_servers that also serves the router and embedding deployments.
-EXAMPLE_INVENTORY = INVENTORY + "[vllm_rag]\nlocalhost\n"
 RTX4090 = ("0x10de", "0x2684", "0x030000")
 RTX3090 = ("0x10de", "0x2204", "0x030000")
 
@@ -178,10 +176,16 @@ EXAMPLE_DUMP = """
 """ % PLAN_PLAYBOOK
 
 
-def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(
-        run_playbook, gpu_host, tmp_path, hf_hub_double):
+@pytest.mark.parametrize("group, gpus, here, placed", [
+    # ws-01 of the example: the chat model on both GPUs, the router and the embedding model each sharing one.
+    ("vllm_rag", 2, ["chat", "embed", "router"], "chat, router, embed (ports 8000, 8001, 8002)"),
+    # ws-04: four GPUs, chat on two and the vision-language model (tensor parallel 2) on the other two.
+    ("vllm_vision", 4, ["chat", "vision"], "chat, vision (ports 8000, 8003)"),
+])
+def test_the_example_inventory_plans_on_the_rtx_4090_hosts_it_describes(
+        run_playbook, gpu_host, tmp_path, hf_hub_double, group, gpus, here, placed):
     """inventories/example as an operator copies it (its group_vars as they are, its hosts replaced by this machine)
-    passes the plan check on a bare dual RTX 4090 workstation. Nothing of conftest's PLAN goes in (plan=False): the
+    passes the plan check on a bare RTX 4090 workstation of each kind it describes. Nothing of conftest's PLAN goes in (plan=False): the
     plan and the role settings are the example's own. The host has staged nothing, so each deployment's model is read
     from the hub on the controller: here conftest's hub TEST DOUBLE (hf_cache_hub_endpoint, the one setting changed)
     holding the three models' config.json (the fixtures; weights not listed). Its Vault placeholders go in as they are:
@@ -191,14 +195,14 @@ def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(
     inventory = tmp_path / "example"
     inventory.mkdir()
     (inventory / "group_vars").symlink_to(os.path.join(EXAMPLE, "group_vars"))
-    (inventory / "hosts.ini").write_text(EXAMPLE_INVENTORY)
+    (inventory / "hosts.ini").write_text(INVENTORY + "[%s]\nlocalhost\n" % group)
     models = {d.get("model", plan["onprem_vllm_model"]) for d in plan["onprem_vllm_deployments"]}
     repos = {}
     for number, model in enumerate(sorted(models)):
         with open(os.path.join(MODELS, model.split("/")[1], "config.json")) as handle:
             repos[model] = {"sha": "%040x" % (number + 1), "files": {"config.json": json.load(handle)}}
     hub_endpoint, tokens_seen = hf_hub_double(repos)
-    host_root = gpu_host(gpus=(RTX4090, RTX4090))
+    host_root = gpu_host(gpus=(RTX4090,) * gpus)
     result = run_playbook(EXAMPLE_DUMP, {
         "plan_check_sysfs_root": os.path.join(host_root, "sys"),  # the simulated host's PCI bus: this one has no GPUs
         "nvidia_driver_host_root": host_root,  # its /proc and /sys: no driver loaded, no nouveau, no Secure Boot
@@ -207,25 +211,26 @@ def test_the_example_inventory_plans_on_the_dual_4090_host_it_describes(
     assert result.failure() is None and result.rc == 0, result.failure()
     checked = [r for r in result.results if "plan_check_result" in r.get("ansible_facts", {})][-1]
     checked = checked["ansible_facts"]["plan_check_result"]
-    assert checked["models"] == ["NVIDIA GeForce RTX 4090"] and len(checked["gpus"]) == 2
+    assert checked["models"] == ["NVIDIA GeForce RTX 4090"] and len(checked["gpus"]) == gpus
     assert checked["driver_action"] == "install"  # a bare host: no driver yet
     kv_plans = [r["msg"]["kv_plans"] for r in result.results if "kv_plans" in r.get("msg", {})][-1]
     deployments = {d["name"]: d for d in plan["onprem_vllm_deployments"]}
-    # ws-01 of the example: the chat model on both GPUs, the router and the embedding model each sharing one.
-    assert sorted(kv_plans) == sorted(deployments) == ["chat", "embed", "router"]
+    assert sorted(kv_plans) == here
     for name, kv_plan in kv_plans.items():
         wanted = deployments[name]
         assert kv_plan["fits"], (name, kv_plan)
-        assert kv_plan["gpu_memory_utilization"] == wanted.get("gpu_memory_utilization")
+        assert kv_plan["gpu_memory_utilization"] == wanted.get("gpu_memory_utilization",
+                                                               plan["onprem_vllm_gpu_memory_utilization"])
         max_model_len = wanted.get("max_model_len", plan["onprem_vllm_max_model_len"])
         assert kv_plan["max_model_len"] == max_model_len
         assert int(kv_plan["kv_cache_tokens"]) > max_model_len, (name, kv_plan)
     # The chat deployment's own fraction, not the fleet-wide default it overrides.
     assert deployments["chat"]["gpu_memory_utilization"] != plan["onprem_vllm_gpu_memory_utilization"]
     # Each model read from the hub, with the example's token (its Vault placeholder here).
-    assert set(tokens_seen) == {"Bearer REPLACE WITH ansible-vault encrypt_string"} and len(tokens_seen) >= 2 * 3
-    placed = [r["msg"] for r in result.results if str(r.get("msg", "")).startswith("localhost serves")]
-    assert placed == ["localhost serves chat, router, embed (ports 8000, 8001, 8002)"]
+    assert set(tokens_seen) == {"Bearer REPLACE WITH ansible-vault encrypt_string"}
+    assert len(tokens_seen) >= 2 * len(here)
+    assert [r["msg"] for r in result.results if str(r.get("msg", "")).startswith("localhost serves")] == [
+        "localhost serves " + placed]
 
 
 @pytest.mark.parametrize("accepted, extra, refused", [

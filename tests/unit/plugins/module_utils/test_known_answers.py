@@ -2,8 +2,12 @@
 """The known-answer gate's comparison: tokens, logprob deltas, near ties that may flip, NaN, embeddings."""
 from __future__ import annotations
 
+import base64
 import json
 import os
+import struct
+import types
+import zlib
 
 import pytest
 
@@ -160,3 +164,82 @@ def test_a_changed_revision_is_recorded_and_says_it_was_not_gated():
     files["f"]["identity"]["prompts"] = ["other"]
     assert gate("")["note"] == ("no recorded answers for this prompt set (this host's were for another prompt set): "
                                 "recorded now, not gated")
+
+
+VL_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "models", "Qwen3-VL-8B-Instruct",
+                         "config.json")
+
+
+def test_a_vision_language_model_also_answers_the_image_prompt():
+    """Qwen3-VL's published config.json has a vision_config: the prompt set gains the image prompt, sent as a base64
+    PNG image_url before the question. Not for a text model, a pooling runner or a server that takes no images."""
+    with open(VL_CONFIG) as handle:
+        vl = json.load(handle)
+    assert ka.prompt_set([], "generate", vl) == list(ka.DEFAULT_PROMPTS) + [ka.IMAGE_PROMPT]
+    assert ka.prompt_set(["p"], "generate", vl) == ["p", ka.IMAGE_PROMPT]
+    assert ka.prompt_set(["p", ka.IMAGE_PROMPT], "generate", vl) == ["p", ka.IMAGE_PROMPT]
+    assert ka.prompt_set(["p"], "generate", vl, image_prompt=False) == ["p"]
+    assert ka.prompt_set(["p"], "pooling", vl) == ["p"]
+    assert ka.prompt_set(["p"], "generate", {"model_type": "qwen3"}) == ["p"]
+    assert ka.prompt_set(["p"], "generate", None) == ["p"]
+    path, body = ka.request("generate", "vl", ka.IMAGE_PROMPT, 16, 5)
+    picture, question = body["messages"][0]["content"]
+    assert path == "/v1/chat/completions" and question == {
+        "type": "text", "text": "Name the colours of the four squares in this picture, top left first."}
+    assert picture["type"] == "image_url"
+    prefix = "data:image/png;base64,"
+    assert picture["image_url"]["url"].startswith(prefix)
+    assert base64.b64decode(picture["image_url"]["url"][len(prefix):]) == ka.picture_png()
+    assert ka.request("generate", "q", "hi", 16, 5)[1]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_the_picture_is_a_valid_png_of_four_squares():
+    """Decoded by hand (zlib and the PNG chunk layout; no image library on a host): a 128x128 8-bit RGB image whose
+    quadrants are red, green, blue and yellow, its chunks' CRCs right, the same bytes every time."""
+    data = ka.picture_png()
+    assert data == ka.picture_png() and data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, offset = {}, 8
+    while offset < len(data):
+        length, kind = struct.unpack(">I4s", data[offset:offset + 8])
+        body = data[offset + 8:offset + 8 + length]
+        assert struct.unpack(">I", data[offset + 8 + length:offset + 12 + length])[0] == zlib.crc32(kind + body)
+        chunks[kind] = body
+        offset += 12 + length
+    assert set(chunks) == {b"IHDR", b"IDAT", b"IEND"}
+    assert struct.unpack(">IIBBBBB", chunks[b"IHDR"]) == (128, 128, 8, 2, 0, 0, 0)
+    raw = zlib.decompress(chunks[b"IDAT"])
+    stride = 1 + 128 * 3
+
+    def pixel(x, y):
+        row = raw[y * stride:(y + 1) * stride]
+        assert row[0] == 0  # filter: none
+        return tuple(row[1 + 3 * x:4 + 3 * x])
+    assert len(raw) == 128 * stride
+    assert [pixel(10, 10), pixel(100, 10), pixel(10, 100), pixel(100, 100)] == [
+        (255, 0, 0), (0, 160, 0), (0, 0, 255), (255, 220, 0)]
+
+
+def test_the_image_prompt_is_part_of_the_recorded_identity(tmp_path):
+    """A vision-language server's answers are recorded with the image prompt in the identity: a later gate with the
+    image prompt off (images turned off for the deployment) is another prompt set, recorded anew, not compared."""
+    files, seen = {}, []
+
+    def http(_method, _path, body):
+        seen.append(body)
+        return types.SimpleNamespace(status=200, body=chat_body([("Red", -0.1, -3.0)]))
+
+    def read_json(path):
+        if path != "f":  # the model's config.json
+            with open(path) as handle:
+                return json.load(handle)
+        return files.get(path)
+    common = dict(answers_file="f", model="m", revision="r", model_config=VL_CONFIG, runner="generate",
+                  served_model_name="vl", prompts=["p"], positions=1, top_logprobs=2, max_logprob_delta=0.5,
+                  tie_margin=0.5, min_cosine=0.995, mode="gate", image="img", read_json=read_json,
+                  write_json=files.__setitem__, now="t")
+    first = ka.run(http, **common)
+    assert first["outcome"] == "recorded" and files["f"]["identity"]["prompts"] == ["p", ka.IMAGE_PROMPT]
+    assert isinstance(seen[-1]["messages"][0]["content"], list)
+    assert ka.run(http, **common)["outcome"] == "passed"
+    seen.clear()
+    assert ka.run(http, image_prompt=False, **common)["outcome"] == "recorded" and len(seen) == 1
