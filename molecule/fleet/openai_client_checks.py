@@ -2,22 +2,31 @@
 """The fleet's deployments through the gateway with the real OpenAI Python client, in its own key order.
 
 Runs inside a container of the lab's vLLM image (it ships the openai package vLLM itself uses) on the fleet's network:
-  python3 openai_client_checks.py BASE_URL CAFILE KEYFILE CHAT_MODEL EMBED_MODEL EMBED_DIMENSIONS
+  python3 openai_client_checks.py BASE_URL CAFILE KEYFILE CHAT_MODEL EMBED_MODEL EMBED_DIMENSIONS VISION_MODEL
 Prints one JSON object with each check's outcome; exits 1 when any check failed. The bodies over 64 KB are sent in the
 client's own key order (this release writes "model" first; tests/unit/roles/test_gateway_routing.py also sends them
-with "model" last, as other clients do).
+with "model" last, as other clients do). The vision-language deployment is asked about photos (noise PNGs of 0.1 and
+2 MB, base64 image_url parts, plain and streamed): the prompt's token count proves the photo reached its vision tower
+(the lab's tiny-vl: 36 image tokens for the 187-pixel photo and 196 for the larger one, each between a vision start
+and end token; tests/unit/lab/test_tiny_vl.py); the 2 MB one also with messages before model, as other clients write
+it, beyond the gateway's buffer: routed by the gateway's model finder.
 """
 from __future__ import annotations
 
+import base64
+import io
 import json
+import random
 import sys
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletion
+from PIL import Image
 
 
 def main(argv: list[str]) -> int:
-    base_url, cafile, keyfile, chat_model, embed_model, dimensions = argv
+    base_url, cafile, keyfile, chat_model, embed_model, dimensions, vision_model = argv
     with open(keyfile, encoding="utf-8") as handle:
         key = handle.read().strip()
     client = openai.OpenAI(base_url=base_url, api_key=key, http_client=httpx.Client(verify=cafile, timeout=120),
@@ -69,6 +78,48 @@ def main(argv: list[str]) -> int:
             return f"routed to the chat deployment, which refused {len(content)} characters: {message[:120]}"
         return f"answered a {len(content)}-character prompt"
 
+    def photo_url(megabytes):
+        """A noise PNG of about that size (noise does not compress) as a base64 data URL."""
+        side = int((megabytes * 1024 * 1024 / 3) ** 0.5)
+        buffer = io.BytesIO()
+        Image.frombytes("RGB", (side, side), random.Random(side).randbytes(side * side * 3)).save(buffer, "PNG")
+        return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+    question = {"type": "text", "text": "What is in this photo?"}
+
+    def ask_vision(content, stream=False):
+        messages = [{"role": "user", "content": content}]
+        if not stream:
+            answer = client.chat.completions.create(model=vision_model, max_tokens=8, messages=messages)
+            assert answer.model == vision_model and answer.choices[0].message.content, answer
+            return answer.usage.prompt_tokens
+        chunks = list(client.chat.completions.create(model=vision_model, max_tokens=8, messages=messages, stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+        return next(c.usage.prompt_tokens for c in chunks if c.usage)
+
+    def ask_vision_messages_first(content):
+        # The key order other clients write (messages, then model): a body beyond the gateway's buffer whose model
+        # the gateway's model finder reads.
+        answer = client.post("/chat/completions", cast_to=ChatCompletion,
+                             body={"messages": [{"role": "user", "content": content}], "max_tokens": 8,
+                                   "model": vision_model})
+        assert answer.model == vision_model and answer.choices[0].message.content, answer
+        return answer.usage.prompt_tokens
+
+    def photos():
+        text_only = ask_vision([question])
+        seen = []
+        for megabytes, stream, messages_first, image_tokens in (
+                (0.1, False, False, 36), (0.1, True, False, 36), (2, False, False, 196), (2, False, True, 196)):
+            url = photo_url(megabytes)
+            content = [{"type": "image_url", "image_url": {"url": url}}, question]
+            tokens = ask_vision_messages_first(content) if messages_first else ask_vision(content, stream)
+            assert tokens == text_only + image_tokens + 2, (megabytes, stream, messages_first, tokens, text_only)
+            seen.append(f"{len(url)}-byte image_url{' streamed' if stream else ''}"
+                        f"{' messages first' if messages_first else ''}: {tokens - text_only} tokens")
+        return "; ".join(seen)
+
     def unknown_model():
         try:
             client.chat.completions.create(model="no-such-model", max_tokens=1,
@@ -79,12 +130,12 @@ def main(argv: list[str]) -> int:
 
     def models():
         names = sorted(model.id for model in client.models.list())
-        assert chat_model in names and embed_model in names, names
+        assert chat_model in names and embed_model in names and vision_model in names, names
         return names
 
     for name, func in [("chat", chat), ("chat_stream", chat_stream), ("embeddings", embeddings),
                        ("embeddings_over_64_kb", embeddings_over_64_kb), ("chat_over_64_kb", chat_over_64_kb),
-                       ("unknown_model", unknown_model), ("models", models)]:
+                       ("photos", photos), ("unknown_model", unknown_model), ("models", models)]:
         check(name, func)
     print(json.dumps(results))
     return 0 if all(r["ok"] for r in results.values()) else 1

@@ -7,8 +7,11 @@ Two deployments: chat (generate, served as tiny-chat and chat-alias) and embed (
 server (a few lines of Python in the serving image, saying which backend answered and what it received); three
 clients: one may use every model, one only tiny-chat, and a noisy one has limits (2 at once, 3 a second, 4 KiB
 bodies). The buffer is made small (128 KiB) to keep the too-large body cheap, still above the 64 KiB chat that must
-route with messages before model (the order older openai-python releases write; the image's 3.60.0 writes model
-first, so that body goes through the client's own post()). Then the role's drain and undrain
+route with messages before model (the order older openai-python releases write; the image's 3.63.0 writes model
+first, so that body goes through the client's own post()); a body whose model is beyond the buffer goes through the
+model finder (files/onprem_model_finder.py, run here as the role runs it on the gateway host): photos of 2 and 8 MB in
+base64 with messages first, plain and streamed, and 50 such 8 MB requests at once while the gateway's memory is
+sampled. Then the role's drain and undrain
 (tasks/drain.yml, undrain.yml) act on each deployment's backend through the gateway's admin socket, with the
 undrain's canary through the gateway.
 
@@ -306,11 +309,36 @@ while len(held) < count and time.monotonic() - opened < 30:
 print(json.dumps(sorted(held.values(), key=lambda one: one["seconds"])))
 '''
 
+# Photo chats of 8 MB at once, messages before model (each through the model finder), with httpx: each one's status
+# and the backend that answered, the seconds they took together. Five of these, ten each, make the test's 50.
+PHOTO_BURST = r'''
+import base64, concurrent.futures, json, os, sys, time
+import httpx
+
+url, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+photo = base64.b64encode(os.urandom(8 * 1024 * 1024)).decode()
+body = json.dumps({"messages": [{"role": "user", "content": [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + photo}},
+    {"type": "text", "text": "What is in this photo?"}]}], "model": "tiny-chat"}).encode()
+
+
+def ask(_):
+    answer = httpx.post(url + "/v1/chat/completions", content=body, timeout=120,
+                        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    return answer.status_code, (answer.json().get("stand_in") or {}).get("backend") if answer.status_code == 200 else None
+
+
+started = time.monotonic()
+with concurrent.futures.ThreadPoolExecutor(count) as pool:
+    results = list(pool.map(ask, range(count)))
+print(json.dumps({"results": results, "seconds": round(time.monotonic() - started, 1), "body_bytes": len(body)}))
+'''
+
 # The checks, with the real OpenAI client: one JSON object of outcomes on stdout.
 CLIENT = r'''
-import json, os, socket, threading, time, urllib.request
+import base64, json, os, socket, threading, time, urllib.request
 import httpx, openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 URL = os.environ["GW_URL"]
 full = openai.OpenAI(base_url=URL + "/v1", api_key=os.environ["FULL_KEY"], max_retries=0, timeout=30)
@@ -340,6 +368,25 @@ def chat_messages_first(content, model="tiny-chat"):
     answer = full.post("/chat/completions", cast_to=ChatCompletion,
                        body={"messages": [{"role": "user", "content": content}], "model": model})
     return {"content": answer.choices[0].message.content, **answer.stand_in}
+
+
+def photo_messages(megabytes):
+    """A chat turn with one photo of that many megabytes (random bytes: a photo does not compress) in base64."""
+    photo = base64.b64encode(os.urandom(int(megabytes * 1024 * 1024))).decode()
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + photo}},
+                                         {"type": "text", "text": "What is in this photo?"}]}]
+
+
+def photo_chat(megabytes, stream=False, client=full, model="tiny-chat"):
+    """A photo chat in the order other clients write it (messages, then model): beyond the buffer."""
+    body = {"messages": photo_messages(megabytes), "model": model}
+    if not stream:
+        answer = client.post("/chat/completions", cast_to=ChatCompletion, body=body)
+        return {"content": answer.choices[0].message.content, **answer.stand_in}
+    chunks = list(client.post("/chat/completions", cast_to=ChatCompletion, body=dict(body, stream=True), stream=True,
+                              stream_cls=openai.Stream[ChatCompletionChunk]))
+    return {"content": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), "chunks": len(chunks),
+            **chunks[0].stand_in}
 
 
 def chat_stream(model):
@@ -432,6 +479,12 @@ results = {
     "limited_alias": outcome(lambda: chat(limited, "chat-alias")),
     "long_messages_first": outcome(lambda: chat_messages_first(LONG)),
     "too_long_messages_first": outcome(lambda: chat_messages_first(TOO_LONG)),
+    "photo_2mb_messages_first": outcome(lambda: photo_chat(2)),
+    "photo_8mb_messages_first": outcome(lambda: photo_chat(8)),
+    "photo_2mb_messages_first_stream": outcome(lambda: photo_chat(2, stream=True)),
+    "photo_8mb_messages_first_stream": outcome(lambda: photo_chat(8, stream=True)),
+    "photo_2mb_messages_first_limited_embed": outcome(lambda: photo_chat(2, client=limited, model="tiny-embed")),
+    "photo_2mb_no_model": raw("/v1/chat/completions", {"messages": photo_messages(2)}),
     "too_long_own_order": outcome(lambda: chat(full, "tiny-chat", TOO_LONG)),
     "unknown": outcome(lambda: chat(full, os.environ["UNKNOWN_MODEL"])),
     "limited_embed": outcome(lambda: embed(limited, "tiny-embed")),
@@ -571,6 +624,49 @@ def _self_signed_pem(name):
     return (cert.public_bytes(serialization.Encoding.PEM).decode(),
             key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption()).decode())
+
+
+def _memory_peak_file(container):
+    """The container's cgroup file of its peak memory (v1 max_usage_in_bytes, v2 memory.peak), or None."""
+    full_id = _docker("inspect", "-f", "{{.Id}}", container).stdout.strip()
+    for path in ("/sys/fs/cgroup/memory/docker/%s/memory.max_usage_in_bytes" % full_id,
+                 "/sys/fs/cgroup/system.slice/docker-%s.scope/memory.peak" % full_id):
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _rss_peak_bytes(pid):
+    with open("/proc/%d/status" % pid) as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
+def _photo_burst(tmp, prefix, network, finder_pid, count=50):
+    """PHOTO_BURST against the gateway: its outcome, and the gateway's memory (HAProxy's container at its peak during
+    the burst, the finder's resident peak) against the bodies' total."""
+    (tmp / "photo_burst.py").write_text(PHOTO_BURST)
+    peak_file = _memory_peak_file(prefix + "-gw")
+    before = int(open(peak_file).read()) if peak_file else None
+    if peak_file and peak_file.endswith("max_usage_in_bytes"):
+        with open(peak_file, "w") as reset:  # v1: the peak from now on
+            reset.write("0")
+    # From five client addresses, ten requests each: one address may hold PER_SOURCE connections.
+    senders = [subprocess.Popen(["docker", "run", "--rm", "--name", "%s-photos%d" % (prefix, n), "--network", network,
+                                 "-v", "%s:/test:ro" % tmp, "--entrypoint", "python3", SERVING_IMAGE,
+                                 "/test/photo_burst.py", "http://%s-gw:4000" % prefix, FULL_KEY, str(count // 5)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(5)]
+    outputs = [sender.communicate(timeout=300) for sender in senders]
+    errors = [err[-2000:] for _out, err in outputs]
+    assert all(sender.returncode == 0 for sender in senders), (errors, _gateway_log(prefix + "-gw")[-3000:])
+    parts = [json.loads(out) for out, _err in outputs]
+    result = {"results": [r for part in parts for r in part["results"]], "body_bytes": parts[0]["body_bytes"],
+              "seconds": max(part["seconds"] for part in parts)}
+    memory = {"haproxy_peak_bytes": int(open(peak_file).read()) if peak_file else None,
+              "haproxy_before_bytes": before, "finder_peak_rss_bytes": _rss_peak_bytes(finder_pid),
+              "bodies_bytes": result["body_bytes"] * count, "buffer_bytes": BUFFER}
+    print("photo burst: %d requests of %d bytes in %s s; memory %s"
+          % (count, result["body_bytes"], result["seconds"], memory))
+    return result, memory
 
 
 def _haproxy_check(config, state):
@@ -719,6 +815,7 @@ def gateway(tmp_path_factory):
                 "out": str(other), "templates": os.path.join(ROOT, "roles", "gateway", "templates"),
                 "gateway_image_tag": GATEWAY_IMAGE.split(":", 1)[1], "gateway_tls_certificate": tls_cert,
                 "gateway_tls_key": tls_key, "gateway_metrics_port": 0, "gateway_max_connections_per_source": 0,
+                "gateway_model_finder": False,
                 "gateway_client_keys": [{"name": "full", "key": FULL_KEY}]}}}}}}
     _render(tmp, inventory, RENDER, STAND_IN, CLIENT)
     (other / "tls.pem").write_text(tls_cert + tls_key)
@@ -728,7 +825,14 @@ def gateway(tmp_path_factory):
     config_checks = {"routing": _haproxy_check(config, state), "other branches": _haproxy_check(other, state)}
 
     network = prefix + "-net"
-    containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client", "flood")]
+    containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client", "flood")] + [
+        "%s-photos%d" % (prefix, n) for n in range(5)]
+    # The model finder as the role runs it on the gateway host (root, its sockets in HAProxy's runtime folder).
+    finder_settings = {"listen": str(runtime / "model-finder.sock"), "routed_socket": str(runtime / "routed.sock"),
+                       "group_id": 99, "spool_dir": str(tmp / "spool"), "max_body_bytes": 64 * 1024 * 1024}
+    (tmp / "model-finder.json").write_text(json.dumps(finder_settings))
+    finder = subprocess.Popen([sys.executable, os.path.join(ROOT, "roles", "gateway", "files", "onprem_model_finder.py"),
+                               "--config", str(tmp / "model-finder.json")])
     try:
         _docker("network", "create", network)
         for name, deployment in zip(("chat", "embed"), DEPLOYMENTS):
@@ -767,14 +871,19 @@ def gateway(tmp_path_factory):
             with urllib.request.urlopen(request, timeout=30) as answer:
                 during_flood = {"status": answer.status, "seconds": time.monotonic() - started}
             flooded = json.loads(flood.stdout.read())
+        photo_burst, memory = _photo_burst(tmp, prefix, network, finder.pid)
+        spool_left = os.listdir(tmp / "spool")
         budget = _budget_refusal(runtime, port)
         shutdown_and_fault = _shutdown_and_fault(tmp, runtime, prefix, port)
-        yield {"budget": budget, "shutdown_and_fault": shutdown_and_fault, "config": config, "config_checks": config_checks,
+        yield {"photo_burst": photo_burst, "memory": memory, "spool_left": spool_left, "budget": budget,
+               "shutdown_and_fault": shutdown_and_fault, "config": config, "config_checks": config_checks,
                "outcomes": outcomes, "drain_rc": drain_rc,
                "drain_tasks": drain_tasks, "flooded": flooded, "during_flood": during_flood,
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
                "log": _gateway_log(prefix + "-gw")}
     finally:
+        finder.terminate()
+        finder.wait(10)
         for container in containers:
             _docker("rm", "-f", container, check=False)
         _docker("network", "rm", network, check=False)
@@ -808,10 +917,45 @@ def test_a_body_with_model_first_routes_at_any_size(gateway):
     assert result["value"]["body_length"] > BUFFER and result["value"]["model_offset"] < 16
 
 
-def test_a_body_cut_before_its_model_gets_413_naming_the_buffer_variable(gateway):
+def test_a_body_whose_model_is_beyond_the_buffer_routes_through_the_model_finder(gateway):
     result = gateway["outcomes"]["too_long_messages_first"]
-    assert result["status"] == 413, result
-    assert "gateway_request_buffer_size" in result["body"]["message"]
+    assert result["ok"], result
+    assert result["value"]["backend"] == "chat" and result["value"]["auth_ok"]
+    assert result["value"]["model_offset"] > BUFFER and result["value"]["client"] == "full"
+
+
+@pytest.mark.parametrize("megabytes", [2, 8])
+@pytest.mark.parametrize("stream", [False, True])
+def test_photo_chats_with_messages_before_model_are_answered_by_the_deployment_they_name(gateway, megabytes, stream):
+    """Base64 photos of 2 and 8 MB (2.7 and 10.7 MB of body), model last: routed whole through the model finder, the
+    key replaced by the servers', the request id and client name passed on, a stream relayed as one."""
+    result = gateway["outcomes"]["photo_%dmb_messages_first%s" % (megabytes, "_stream" if stream else "")]
+    assert result["ok"], result
+    value = result["value"]
+    assert value["backend"] == "chat" and value["auth_ok"] and value["content"] == "pong"
+    assert value["body_length"] > megabytes * 1024 * 1024 * 4 // 3 and value["model_offset"] > value["body_length"] - 64
+    assert value["client"] == "full" and value["request_id"]
+    if stream:
+        assert value["chunks"] == 3
+
+
+def test_a_photo_chat_is_judged_by_the_clients_grants_and_a_body_without_model_is_refused(gateway):
+    refused = gateway["outcomes"]["photo_2mb_messages_first_limited_embed"]
+    assert (refused["error"], refused["status"]) == ("PermissionDeniedError", 403), refused
+    no_model = gateway["outcomes"]["photo_2mb_no_model"]
+    assert no_model["status"] == 400 and "no model in the request" in no_model["body"], no_model
+
+
+def test_fifty_photo_chats_at_once_keep_the_gateways_memory_bounded(gateway):
+    """50 chats with an 8 MB photo (10.7 MB of body each, 0.5 GB in all), model last, at once: every one answered by
+    its deployment; HAProxy's peak holds buffers, not bodies (far below one body per request), the finder's resident
+    peak a few chunks per request, and its spool is empty afterwards."""
+    burst, memory = gateway["photo_burst"], gateway["memory"]
+    assert burst["results"] == [[200, "chat"]] * 50, burst
+    assert memory["finder_peak_rss_bytes"] < 64 * 1024 * 1024, memory
+    if memory["haproxy_peak_bytes"] is not None:
+        assert memory["haproxy_peak_bytes"] < memory["bodies_bytes"] // 4, memory
+    assert gateway["spool_left"] == []
 
 
 def test_an_unknown_model_is_the_clients_not_found_error_naming_it(gateway):
@@ -912,7 +1056,8 @@ def test_drain_and_undrain_act_on_each_hosts_deployment_backend(gateway):
     assert failed["chat1"].get("skipped") and failed["embed1"].get("skipped"), failed
     rows = [line.split() for line in gateway["state_file"].splitlines() if line and not line.startswith("#")][1:]
     admin_states = sorted((row[1], row[3], row[6]) for row in rows)  # backend, server, srv_admin_state
-    assert admin_states == [("vllm-chat", "chat1", "0"), ("vllm-embed", "embed1", "0")]
+    assert admin_states == [("onprem-model-finder", "finder", "0"), ("vllm-chat", "chat1", "0"),
+                            ("vllm-embed", "embed1", "0")]
     assert gateway["after_undrain"]["backend"] == "chat"
 
 
