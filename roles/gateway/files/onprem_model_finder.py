@@ -1,7 +1,9 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The gateway's model finder: routes a request whose `model` HAProxy did not find in the part of the body it buffered.
 
-Standard library only: it runs on the gateway host as a systemd service (onprem-model-finder.service, root).
+Standard library only: it runs on the gateway host as a systemd service (onprem-model-finder.service), started as root
+and at once HAProxy's own user (user_id, group_id), which is all it needs: its socket and HAProxy's routed socket are
+in HAProxy's runtime folder.
 
 HAProxy buffers at most gateway_request_buffer_size bytes of a body to read its `model`. A client that writes `model`
 after a long field (a chat with base64 photos in `messages`, an embedding batch in `input`) sends a body whose model
@@ -10,8 +12,8 @@ service on a Unix socket, which:
   - reads the body once, in chunks of CHUNK bytes, through ModelScanner: a JSON tokenizer that keeps only its nesting
     state and the top-level key it is in, so a 10 MB base64 photo costs no memory, and stops collecting at the first
     top-level "model" string, as HAProxy's json_query does;
-  - spools the body to an unnamed temporary file (O_TMPFILE in a root-only folder: nothing of it outlives the request,
-    even when the host loses power);
+  - spools the body to an unnamed temporary file (O_TMPFILE in a folder only its user can open: nothing of it outlives
+    the request, even when the host loses power);
   - sends the request again to HAProxy, on a second Unix socket that only HAProxy's user and root can open, with the
     model found in X-Onprem-Routed-Model, which HAProxy trusts there only. HAProxy then checks the key, the grant and
     the budget, and routes, exactly as for any request;
@@ -37,8 +39,11 @@ MAX_HEAD = 65536
 MAX_MODEL = 512
 ROUTED_HEADER = b"x-onprem-routed-model"
 # Hop-by-hop and length headers: this service sets its own for the request it sends on.
+# Expect: the body comes at once, no interim answer is awaited.
 _DROPPED = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"te", b"trailer",
-                      b"upgrade", b"proxy-connection", ROUTED_HEADER})
+                      b"upgrade", b"proxy-connection", b"expect", ROUTED_HEADER})
+# A body that stops arriving for this long ends its request (HAProxy's own timeouts bound the rest).
+BODY_IDLE_SECONDS = 60
 
 
 class RequestError(Exception):
@@ -221,6 +226,7 @@ class _Reader:
 def handle(client, routed_socket: str, spool_dir: str, max_body_bytes: int) -> None:
     """One request from HAProxy: scan and spool its body, send it on with its model, relay the answer."""
     try:
+        client.settimeout(BODY_IDLE_SECONDS)
         reader = _Reader(client)
         request_line, headers, length, chunked = parse_head(reader.until(b"\r\n\r\n", MAX_HEAD))
         if length is not None and length > max_body_bytes:
@@ -278,13 +284,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def serve(listen: str, settings: dict) -> None:
-    """Listen on the Unix socket LISTEN (0660, HAProxy's group) until stopped."""
+    """Listen on the Unix socket LISTEN (0600: this service's user, which is HAProxy's) until stopped."""
     if os.path.exists(listen):
         os.unlink(listen)
     server = _Server(listen, _Handler)
     server.settings = settings
-    os.chown(listen, 0, int(settings["group_id"]))
-    os.chmod(listen, 0o660)
+    os.chmod(listen, 0o600)
     server.serve_forever()
 
 
@@ -294,6 +299,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with open(args.config, encoding="utf-8") as handle_:
         settings = json.load(handle_)
+    if os.getuid() == 0 and "user_id" in settings:
+        # Started as root: HAProxy's user from here on (systemd's User= would need a passwd entry, which HAProxy's
+        # uid in its image, 99, has on few hosts).
+        os.setgroups([])
+        os.setgid(int(settings["group_id"]))
+        os.setuid(int(settings["user_id"]))
     os.makedirs(settings["spool_dir"], mode=0o700, exist_ok=True)
     serve(settings["listen"], settings)
     return 0

@@ -469,6 +469,7 @@ while not outcome(lambda: [chat(full, "tiny-chat"), embed(full, "tiny-embed")])[
     time.sleep(0.2)
 
 CHAT = {"model": "tiny-chat", "messages": [{"role": "user", "content": "x"}]}
+CHAT_EMBED_FORGED = {"model": "tiny-embed", "messages": [{"role": "user", "content": "x"}]}
 results = {
     "chat": outcome(lambda: chat(full, "tiny-chat")),
     "chat_stream": outcome(lambda: chat_stream("tiny-chat")),
@@ -485,6 +486,16 @@ results = {
     "photo_8mb_messages_first_stream": outcome(lambda: photo_chat(8, stream=True)),
     "photo_2mb_messages_first_limited_embed": outcome(lambda: photo_chat(2, client=limited, model="tiny-embed")),
     "photo_2mb_no_model": raw("/v1/chat/completions", {"messages": photo_messages(2)}),
+    # A client whose max_body_bytes (twice the buffer) the photo exceeds: refused before the finder reads anything.
+    "photo_2mb_over_client_limit": wire_post(
+        json.dumps({"messages": photo_messages(2), "model": "tiny-chat"}).encode(), os.environ["ROOMY_KEY"],
+        request_id="roomy-photo"),
+    # The finder's header, forged by a client: ignored on the public port (the body's model routes and is judged).
+    "forged_routed_model": raw("/v1/chat/completions", CHAT_EMBED_FORGED, key=os.environ["LIMITED_KEY"],
+                               headers={"X-Onprem-Routed-Model": "tiny-chat"}.items()),
+    "forged_routed_model_photo": raw("/v1/chat/completions", {"messages": photo_messages(2), "model": "tiny-embed"},
+                                     key=os.environ["LIMITED_KEY"],
+                                     headers={"X-Onprem-Routed-Model": "tiny-chat"}.items()),
     "too_long_own_order": outcome(lambda: chat(full, "tiny-chat", TOO_LONG)),
     "unknown": outcome(lambda: chat(full, os.environ["UNKNOWN_MODEL"])),
     "limited_embed": outcome(lambda: embed(limited, "tiny-embed")),
@@ -636,12 +647,14 @@ def _memory_peak_file(container):
     return None
 
 
-def _rss_peak_bytes(pid):
+def _rss_peak_bytes(container):
+    """The resident peak (VmHWM) of a container's main process, read from the host."""
+    pid = int(_docker("inspect", "-f", "{{.State.Pid}}", container).stdout)
     with open("/proc/%d/status" % pid) as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
-def _photo_burst(tmp, prefix, network, finder_pid, count=50):
+def _photo_burst(tmp, prefix, network, count=50):
     """PHOTO_BURST against the gateway: its outcome, and the gateway's memory (HAProxy's container at its peak during
     the burst, the finder's resident peak) against the bodies' total."""
     (tmp / "photo_burst.py").write_text(PHOTO_BURST)
@@ -662,7 +675,7 @@ def _photo_burst(tmp, prefix, network, finder_pid, count=50):
     result = {"results": [r for part in parts for r in part["results"]], "body_bytes": parts[0]["body_bytes"],
               "seconds": max(part["seconds"] for part in parts)}
     memory = {"haproxy_peak_bytes": int(open(peak_file).read()) if peak_file else None,
-              "haproxy_before_bytes": before, "finder_peak_rss_bytes": _rss_peak_bytes(finder_pid),
+              "haproxy_before_bytes": before, "finder_peak_rss_bytes": _rss_peak_bytes(prefix + "-finder"),
               "bodies_bytes": result["body_bytes"] * count, "buffer_bytes": BUFFER}
     print("photo burst: %d requests of %d bytes in %s s; memory %s"
           % (count, result["body_bytes"], result["seconds"], memory))
@@ -825,15 +838,25 @@ def gateway(tmp_path_factory):
     config_checks = {"routing": _haproxy_check(config, state), "other branches": _haproxy_check(other, state)}
 
     network = prefix + "-net"
-    containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client", "flood")] + [
+    containers = [prefix + "-" + name for name in ("chat", "embed", "gw", "client", "flood", "finder")] + [
         "%s-photos%d" % (prefix, n) for n in range(5)]
-    # The model finder as the role runs it on the gateway host (root, its sockets in HAProxy's runtime folder).
-    finder_settings = {"listen": str(runtime / "model-finder.sock"), "routed_socket": str(runtime / "routed.sock"),
-                       "group_id": 99, "spool_dir": str(tmp / "spool"), "max_body_bytes": 64 * 1024 * 1024}
-    (tmp / "model-finder.json").write_text(json.dumps(finder_settings))
-    finder = subprocess.Popen([sys.executable, os.path.join(ROOT, "roles", "gateway", "files", "onprem_model_finder.py"),
-                               "--config", str(tmp / "model-finder.json")])
+    # The model finder as the role runs it on the gateway host: under HAProxy's user (99), its socket beside HAProxy's
+    # in the runtime folder, its spool its own (here in a container of the serving image, for its Python).
+    finder_dir = tmp / "finder"
+    finder_dir.mkdir()
+    (finder_dir / "onprem_model_finder.py").write_text(
+        open(os.path.join(ROOT, "roles", "gateway", "files", "onprem_model_finder.py")).read())
+    (finder_dir / "config.json").write_text(json.dumps({
+        "listen": "/run/haproxy-admin/model-finder.sock", "routed_socket": "/run/haproxy-admin/routed.sock",
+        "spool_dir": "/spool", "max_body_bytes": 64 * 1024 * 1024}))
+    finder_dir.chmod(0o755)
+    (tmp / "spool").mkdir(mode=0o700)
+    os.chown(tmp / "spool", 99, 99)
     try:
+        _docker("run", "-d", "--name", prefix + "-finder", "--network", "none", "--user", "99:99",
+                "-v", "%s:/spool" % (tmp / "spool"), "-v", "%s:/run/haproxy-admin" % runtime,
+                "-v", "%s:/finder:ro" % finder_dir, "--entrypoint", "python3", SERVING_IMAGE,
+                "/finder/onprem_model_finder.py", "--config", "/finder/config.json")
         _docker("network", "create", network)
         for name, deployment in zip(("chat", "embed"), DEPLOYMENTS):
             _docker("run", "-d", "--name", "%s-%s" % (prefix, name), "--network", network,
@@ -871,7 +894,7 @@ def gateway(tmp_path_factory):
             with urllib.request.urlopen(request, timeout=30) as answer:
                 during_flood = {"status": answer.status, "seconds": time.monotonic() - started}
             flooded = json.loads(flood.stdout.read())
-        photo_burst, memory = _photo_burst(tmp, prefix, network, finder.pid)
+        photo_burst, memory = _photo_burst(tmp, prefix, network)
         spool_left = os.listdir(tmp / "spool")
         budget = _budget_refusal(runtime, port)
         shutdown_and_fault = _shutdown_and_fault(tmp, runtime, prefix, port)
@@ -882,8 +905,6 @@ def gateway(tmp_path_factory):
                "state_file": (state / "servers.state").read_text(), "after_undrain": after_undrain,
                "log": _gateway_log(prefix + "-gw")}
     finally:
-        finder.terminate()
-        finder.wait(10)
         for container in containers:
             _docker("rm", "-f", container, check=False)
         _docker("network", "rm", network, check=False)
@@ -944,6 +965,20 @@ def test_a_photo_chat_is_judged_by_the_clients_grants_and_a_body_without_model_i
     assert (refused["error"], refused["status"]) == ("PermissionDeniedError", 403), refused
     no_model = gateway["outcomes"]["photo_2mb_no_model"]
     assert no_model["status"] == 400 and "no model in the request" in no_model["body"], no_model
+
+
+def test_a_photo_over_the_clients_body_limit_gets_413_before_the_model_finder(gateway):
+    result = gateway["outcomes"]["photo_2mb_over_client_limit"]
+    assert result["status"] == 413 and "larger than this API key may send" in result["body"], result
+
+
+def test_a_forged_model_finder_header_chooses_nothing(gateway):
+    """A client that sends X-Onprem-Routed-Model itself (the limited client, granted tiny-chat only, naming tiny-chat
+    there and tiny-embed in the body) is judged on its body's model: 403, with a small body and with a 2 MB photo that
+    goes through the finder, which replaces the header with the model it read."""
+    for case in ("forged_routed_model", "forged_routed_model_photo"):
+        result = gateway["outcomes"][case]
+        assert result["status"] == 403 and "may not use this model" in result["body"], (case, result)
 
 
 def test_fifty_photo_chats_at_once_keep_the_gateways_memory_bounded(gateway):

@@ -67,6 +67,10 @@ CASES = {
     "limit_boolean": {"gateway_client_keys": [{"name": "ide", "key": IDE, "max_body_bytes": True}]},
     "body_timeout_words": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
                            "gateway_timeout_request_body": "ten seconds"},
+    "finder_body_within_buffer": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
+                                  "gateway_model_finder_max_body_bytes": 65536},
+    "finder_no_requests": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
+                           "gateway_model_finder_max_requests": 0},
     "per_source_over_maxconn": {"gateway_client_keys": [{"name": "ide", "key": IDE}],
                                 "gateway_max_connections_per_source": 5000},
     # playbooks/gateway.yml alone (no plan check before it): the embeddings deployment also answers to chat's alias.
@@ -101,6 +105,9 @@ MESSAGES = {
     "limit_zero": "gateway_client_keys: client ide's max_concurrent_requests must be a whole number of at least 1",
     "limit_boolean": "gateway_client_keys: client ide's max_body_bytes must be a whole number of at least 1",
     "body_timeout_words": "gateway_timeout_http_request and gateway_timeout_request_body must be HAProxy times",
+    "finder_body_within_buffer": "gateway_model_finder_max_body_bytes a number of bytes above "
+                                 "gateway_request_buffer_size",
+    "finder_no_requests": "gateway_model_finder_max_requests must be a whole number of at least 1",
     "per_source_over_maxconn": "gateway_max_connections_per_source must be a whole number from 0 (no bound) to "
                                "gateway_maxconn",
     "alias_of_two_deployments": "gateway_backends: the served name or alias chat-alias belongs to deployments chat and "

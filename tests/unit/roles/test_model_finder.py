@@ -73,7 +73,7 @@ def test_a_body_without_a_top_level_model_string_has_none():
 def test_the_head_sent_on_keeps_the_key_and_sets_the_model_and_length():
     line, headers, length, chunked = finder.parse_head(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer client-key\r\n"
-        b"Content-Length: 12\r\nConnection: keep-alive\r\nX-Onprem-Routed-Model: forged")
+        b"Content-Length: 12\r\nConnection: keep-alive\r\nX-Onprem-Routed-Model: forged\r\nExpect: 100-continue")
     assert (line, length, chunked) == (b"POST /v1/chat/completions HTTP/1.1", 12, False)
     head = finder.forward_head(line, headers, 'caf\u00e9"x', 34)
     assert head.endswith(b"\r\n\r\n")
@@ -81,6 +81,7 @@ def test_the_head_sent_on_keeps_the_key_and_sets_the_model_and_length():
     assert lines[0] == line and b"authorization: Bearer client-key" in lines
     assert b'x-onprem-routed-model: caf\\u00e9\\"x' in lines and b"content-length: 34" in lines
     assert b"connection: close" in lines and b"x-onprem-routed-model: forged" not in lines
+    assert not any(line.startswith(b"expect") for line in lines)
     assert not any(name.startswith(b"connection: keep") or name == b"content-length: 12" for name in lines)
     for bad in (b"GET /\r\nHost: x", b"POST / HTTP/1.1\r\nContent-Length: x1",
                 b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip", b"POST / HTTP/1.1\r\nBad Header"):
