@@ -8,8 +8,9 @@ client's own key order (this release writes "model" first; tests/unit/roles/test
 with "model" last, as other clients do). The vision-language deployment is asked about photos (noise PNGs of 0.1 and
 2 MB, base64 image_url parts, plain and streamed): the prompt's token count proves the photo reached its vision tower
 (the lab's tiny-vl: 36 image tokens for the 187-pixel photo and 196 for the larger one, each between a vision start
-and end token; tests/unit/lab/test_tiny_vl.py); the 2 MB one also with messages before model, as other clients write
-it, beyond the gateway's buffer: routed by the gateway's model finder.
+and end token; tests/unit/lab/test_tiny_vl.py), also with messages before model as other clients write it (the 2 MB
+one beyond the gateway's buffer: routed by the gateway's model finder, plain and streamed); an 8 MB one (10.7 MB of
+body) is over the example client's max_body_bytes: 413 in either key order.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import sys
 
 import httpx
 import openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from PIL import Image
 
 
@@ -98,26 +99,49 @@ def main(argv: list[str]) -> int:
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
         return next(c.usage.prompt_tokens for c in chunks if c.usage)
 
-    def ask_vision_messages_first(content):
-        # The key order other clients write (messages, then model): a body beyond the gateway's buffer whose model
-        # the gateway's model finder reads.
-        answer = client.post("/chat/completions", cast_to=ChatCompletion,
-                             body={"messages": [{"role": "user", "content": content}], "max_tokens": 8,
-                                   "model": vision_model})
-        assert answer.model == vision_model and answer.choices[0].message.content, answer
-        return answer.usage.prompt_tokens
+    def ask_vision_messages_first(content, stream=False):
+        # The key order other clients write (messages, then model): a body beyond the gateway's buffer is routed by
+        # the gateway's model finder.
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8}
+        if not stream:
+            answer = client.post("/chat/completions", cast_to=ChatCompletion, body=dict(body, model=vision_model))
+            assert answer.model == vision_model and answer.choices[0].message.content, answer
+            return answer.usage.prompt_tokens
+        chunks = list(client.post("/chat/completions", cast_to=ChatCompletion, stream=True,
+                                  stream_cls=openai.Stream[ChatCompletionChunk],
+                                  body=dict(body, stream=True, stream_options={"include_usage": True},
+                                            model=vision_model)))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+        return next(c.usage.prompt_tokens for c in chunks if c.usage)
 
     def photos():
         text_only = ask_vision([question])
         seen = []
         for megabytes, stream, messages_first, image_tokens in (
-                (0.1, False, False, 36), (0.1, True, False, 36), (2, False, False, 196), (2, False, True, 196)):
+                (0.1, False, False, 36), (0.1, True, False, 36), (2, False, False, 196),
+                (0.1, False, True, 36), (2, False, True, 196), (2, True, True, 196)):
             url = photo_url(megabytes)
             content = [{"type": "image_url", "image_url": {"url": url}}, question]
-            tokens = ask_vision_messages_first(content) if messages_first else ask_vision(content, stream)
+            tokens = (ask_vision_messages_first(content, stream) if messages_first
+                      else ask_vision(content, stream))
             assert tokens == text_only + image_tokens + 2, (megabytes, stream, messages_first, tokens, text_only)
             seen.append(f"{len(url)}-byte image_url{' streamed' if stream else ''}"
                         f"{' messages first' if messages_first else ''}: {tokens - text_only} tokens")
+        # An 8 MB photo is 10.7 MB of body: over the example client's max_body_bytes (8 MiB), refused by the gateway
+        # before anything reads it, in either key order.
+        url = photo_url(8)
+        for messages_first in (False, True):
+            try:
+                content = [{"type": "image_url", "image_url": {"url": url}}, question]
+                if messages_first:
+                    ask_vision_messages_first(content)
+                else:
+                    ask_vision(content)
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 413 and "larger than this API key may send" in str(exc), exc
+                seen.append(f"{len(url)}-byte image_url{' messages first' if messages_first else ''}: 413")
+                continue
+            raise AssertionError("a body over the client's max_body_bytes was answered")
         return "; ".join(seen)
 
     def unknown_model():
