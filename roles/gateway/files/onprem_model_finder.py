@@ -229,16 +229,16 @@ def handle(client, routed_socket: str, spool_dir: str, max_body_bytes: int) -> N
         client.settimeout(BODY_IDLE_SECONDS)
         reader = _Reader(client)
         request_line, headers, length, chunked = parse_head(reader.until(b"\r\n\r\n", MAX_HEAD))
+        too_large = RequestError(413, "RequestTooLargeError",
+                                 "The request body is larger than the gateway accepts (%d bytes)." % max_body_bytes)
         if length is not None and length > max_body_bytes:
-            raise RequestError(413, "RequestTooLargeError", "The request body is larger than the gateway accepts "
-                               "(%d bytes)." % max_body_bytes)
+            raise too_large
         scanner, size = ModelScanner(), 0
         with tempfile.TemporaryFile(dir=spool_dir) as spool:
             for piece in (reader.chunked() if chunked else reader.exactly(length or 0)):
                 size += len(piece)
                 if size > max_body_bytes:
-                    raise RequestError(413, "RequestTooLargeError", "The request body is larger than the gateway "
-                                       "accepts (%d bytes)." % max_body_bytes)
+                    raise too_large
                 if not scanner.done:
                     scanner.feed(piece)
                 spool.write(piece)

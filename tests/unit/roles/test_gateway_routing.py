@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -844,8 +845,8 @@ def gateway(tmp_path_factory):
     # in the runtime folder, its spool its own (here in a container of the serving image, for its Python).
     finder_dir = tmp / "finder"
     finder_dir.mkdir()
-    (finder_dir / "onprem_model_finder.py").write_text(
-        open(os.path.join(ROOT, "roles", "gateway", "files", "onprem_model_finder.py")).read())
+    shutil.copyfile(os.path.join(ROOT, "roles", "gateway", "files", "onprem_model_finder.py"),
+                    finder_dir / "onprem_model_finder.py")
     (finder_dir / "config.json").write_text(json.dumps({
         "listen": "/run/haproxy-admin/model-finder.sock", "routed_socket": "/run/haproxy-admin/routed.sock",
         "spool_dir": "/spool", "max_body_bytes": 64 * 1024 * 1024}))
