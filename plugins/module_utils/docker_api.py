@@ -120,6 +120,14 @@ class Docker:
         _stream_text(self.call("POST", "/images/create?" + urlencode({"fromImage": repository, "tag": tag}),
                                raw=True))
 
+    def exec_run(self, name, argv, timeout):
+        """Run ARGV in the running container NAME: (exit code, its output as text)."""
+        exec_id = self.call("POST", "/containers/%s/exec" % quote(name),
+                            {"Cmd": argv, "AttachStdout": True, "AttachStderr": True})["Id"]
+        runner = Docker(self.path, timeout)
+        output = demultiplex(runner.call("POST", "/exec/%s/start" % exec_id, {"Detach": False, "Tty": False}, raw=True))
+        return self.call("GET", "/exec/%s/json" % exec_id)["ExitCode"], output
+
     def logs(self, name, lines):
         """The last LINES lines of the container's output (stdout and stderr), '' when there is none."""
         try:
@@ -172,6 +180,17 @@ def duration_ns(text) -> int:
     if not parts or "".join(a + b for a, b in parts) != text:
         raise ValueError("%r is not a duration (e.g. 15s, 10m, 1m30s)" % (text,))
     return int(sum(float(a) * _SECONDS[b] for a, b in parts) * 1e9)
+
+
+def healthcheck_argv(test) -> list | None:
+    """The command of a container's HEALTHCHECK (Config.Healthcheck.Test) as an exec argv; None when it has none."""
+    if not test or test[0] == "NONE":
+        return None
+    if test[0] == "CMD":
+        return list(test[1:])
+    if test[0] == "CMD-SHELL":
+        return ["/bin/sh", "-c", test[1]]
+    return list(test)
 
 
 def create_body(spec: dict, labels: dict) -> dict:

@@ -1,9 +1,13 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The vLLM health gate, step by step: container healthy → /health → /v1/models → one-token completion (one embedding
-on a pooling server) → /metrics.
+"""The vLLM health gate, step by step: container running → /health → /v1/models → one-token completion (one embedding
+on a pooling server) → /metrics → the container's own health check passes.
 
-`/health` can pass before the model is servable, so the gate only trusts a real completion. Pure logic: HTTP and the
-container probe are injected, so the same code runs in the module, in tests and from a benchmark.
+`/health` can pass before the model is servable, so the gate only trusts a real completion. Docker's health status is
+not waited for: before Engine 25 (no start_interval) Docker runs the check only every interval, so a ready server
+waited up to a whole interval (15 s by default) for its next run. Once the HTTP steps pass, a container Docker still
+calls "starting" has its own check command run once (injected: run_healthcheck), which proves Docker will find it
+healthy; "unhealthy" fails the gate at any step. Pure logic: HTTP and the container probes are injected, so the same
+code runs in the module, in tests and from a benchmark.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 REQUIRED_METRIC = "vllm:kv_cache_usage_perc"
-STEPS = ("container", "health", "models", "completion", "metrics")
+STEPS = ("container", "health", "models", "completion", "metrics", "healthcheck")
 
 
 @dataclass
@@ -77,11 +81,22 @@ def check_container(state: dict | None, restarts_at_start: int | None = None) ->
     if not state.get("Running"):
         raise StepBroken(f"the container is not running (status {state.get('Status')}, exit code "
                          f"{state.get('ExitCode')}{', OOM-killed' if state.get('OOMKilled') else ''})")
-    health = (state.get("Health") or {}).get("Status")
-    if health == "unhealthy":
+    if (state.get("Health") or {}).get("Status") == "unhealthy":
         raise StepBroken("Docker reports the container unhealthy")
-    if health not in (None, "healthy"):  # None: no healthcheck configured, the HTTP steps decide
+
+
+def check_healthcheck(state: dict | None, run_healthcheck: Callable[[], tuple[int, str]] | None) -> None:
+    """The container's own health check, once the server answers (state: check_container passed it): Docker's
+    "healthy" (or no check configured) passes; while Docker still says "starting", one run of the check command that
+    exits 0 passes."""
+    health = (state.get("Health") or {}).get("Status")
+    if health in (None, "healthy"):
+        return
+    if run_healthcheck is None:
         raise StepNotReady(f"container health is {health}")
+    code, output = run_healthcheck()
+    if code != 0:
+        raise StepNotReady(f"the container's health check exited {code}: {_short(output, 200)}")
 
 
 def check_health(resp: Response) -> None:
@@ -147,8 +162,10 @@ def check_metrics(resp: Response, required: tuple) -> None:
 
 def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Response],
              container_state: Callable[[], dict | None] | None,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> GateResult:
-    """http(method, path, json_body) → Response (raises OSError when nothing answers)."""
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+             run_healthcheck: Callable[[], tuple[int, str]] | None = None) -> GateResult:
+    """http(method, path, json_body) → Response (raises OSError when nothing answers); run_healthcheck() runs the
+    container's health check command once → (exit code, output)."""
     result = GateResult(passed=False)
     deadline = clock() + config.timeout
     pooling = config.runner == "pooling"
@@ -161,16 +178,21 @@ def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Respons
                               "messages": [{"role": "user", "content": config.prompt}]}
     restarts_at_start: list = []  # the first RestartCount seen
 
-    def container_checked() -> None:
+    def container_checked() -> dict | None:
         state = container_state()
         if state is not None and not restarts_at_start:
             restarts_at_start.append(state.get("RestartCount"))
         check_container(state, restarts_at_start[0] if restarts_at_start else None)
+        return state
 
     def probe(step: str) -> None:
         if step == "container":
             if container_state is not None:
                 container_checked()
+            return
+        if step == "healthcheck":
+            if container_state is not None:
+                check_healthcheck(container_checked(), run_healthcheck)
             return
         if step == "health":
             resp = http("GET", "/health", None)

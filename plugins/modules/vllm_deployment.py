@@ -321,13 +321,25 @@ class Deployment:
             return None
         return dict(inspected["State"], RestartCount=inspected.get("RestartCount", 0))
 
+    def run_healthcheck(self):
+        """The container's own health check command, run once (the gate's last step, while Docker says "starting")."""
+        inspected = self.docker.inspect(self.name) or {}
+        check = (inspected.get("Config") or {}).get("Healthcheck") or {}
+        argv = docker_api.healthcheck_argv(check.get("Test"))
+        if argv is None:
+            return 0, ""
+        try:
+            return self.docker.exec_run(self.name, argv, max(check.get("Timeout", 0) / 1e9, 30.0))
+        except docker_api.DockerError as exc:
+            return -1, str(exc)
+
     # --- gates -----------------------------------------------------------------------------------------------------
     def health_gate(self, served_model_name, runner):
         g = self.p["gate"]
         config = GateConfig(served_model_name=served_model_name, api_key=self.p["api_key"], runner=runner,
                             timeout=float(g.get("timeout", 900)), poll_interval=float(g.get("poll_interval", 2)))
         started = time.monotonic()
-        result = run_gate(config, self.http, self.container_state)
+        result = run_gate(config, self.http, self.container_state, run_healthcheck=self.run_healthcheck)
         outcome = {"passed": result.passed, "failed_step": result.failed_step, "step_seconds": result.step_seconds,
                    "total_seconds": round(time.monotonic() - started, 3)}
         if result.passed:

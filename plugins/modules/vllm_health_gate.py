@@ -8,9 +8,11 @@ short_description: Wait until a vLLM server really serves, step by step
 version_added: 0.1.0
 author: onprem.vllm developers (@onprem)
 description:
-  - Runs on the vLLM host and passes only when, in order, the container is running and healthy, C(/health) answers
-    200, C(/v1/models) lists the served model name, a one-token chat completion with the API key succeeds, and
-    C(/metrics) exposes the required vLLM series.
+  - Runs on the vLLM host and passes only when, in order, the container is running, C(/health) answers 200,
+    C(/v1/models) lists the served model name, a one-token chat completion with the API key succeeds,
+    C(/metrics) exposes the required vLLM series, and the container's own health check passes (Docker's C(healthy),
+    or, while Docker still says C(starting), one run of its check command; Docker before Engine 25 runs it only every
+    interval).
   - C(/health) alone can pass before the model is servable, which is why the gate insists on a real completion.
   - On failure the message names the step, the last response and the container's last log lines.
 extends_documentation_fragment:
@@ -28,7 +30,7 @@ options:
     choices: [generate, pooling]
     default: generate
   container_name:
-    description: Docker container to watch; a container that stops or turns unhealthy fails the gate at once.
+    description: Docker container to watch; a container that stops, restarts or turns unhealthy fails the gate at once.
     type: str
   docker_path:
     description: The docker CLI on the host.
@@ -112,6 +114,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.onprem.vllm.plugins.module_utils import vllm_http
+from ansible_collections.onprem.vllm.plugins.module_utils.docker_api import healthcheck_argv
 from ansible_collections.onprem.vllm.plugins.module_utils.vllm_gate import GateConfig, run_gate
 
 
@@ -137,7 +140,7 @@ def main():
         module.fail_json(msg=problem)
     http = vllm_http.Server(params, timeout=params["request_timeout"]).request
 
-    container_state = None
+    container_state = run_healthcheck = None
     docker = None
     if params["container_name"]:
         docker = module.get_bin_path(params["docker_path"], required=True)
@@ -151,12 +154,21 @@ def main():
             inspected = json.loads(out)
             return dict(inspected["State"], RestartCount=inspected["RestartCount"])
 
+        def run_healthcheck():
+            rc, out, err = module.run_command([docker, "inspect", "--format", "{{json .Config.Healthcheck}}",
+                                               params["container_name"]])
+            argv = healthcheck_argv((json.loads(out) or {}).get("Test")) if rc == 0 else None
+            if argv is None:
+                return (0, "") if rc == 0 else (rc, err)
+            rc, out, err = module.run_command([docker, "exec", params["container_name"]] + argv)
+            return rc, out + err
+
     config = GateConfig(served_model_name=params["served_model_name"], api_key=params["api_key"],
                         runner=params["runner"],
                         timeout=params["timeout"], poll_interval=params["poll_interval"],
                         required_metrics=tuple(params["required_metrics"]))
     started = time.monotonic()
-    result = run_gate(config, http, container_state)
+    result = run_gate(config, http, container_state, run_healthcheck=run_healthcheck)
     facts = dict(changed=False, passed=result.passed, failed_step=result.failed_step,
                  step_seconds=result.step_seconds, total_seconds=round(time.monotonic() - started, 3),
                  last_response=result.last_response)

@@ -45,7 +45,6 @@ ALLOWED = {
     "gateway_image_archive": "archive delivery",
     "vllm_server_healthcheck_start_period": "2 cores starting CPU vLLM under load",
     "vllm_server_gate_timeout": "2 cores starting CPU vLLM under load",
-    "vllm_server_healthcheck_interval": "Docker 20.10 has no start interval",
     "monitoring_node_exporter_fs_types_exclude": "test double: a container's overlay root filesystem",
     "monitoring_alertmanager_webhook_allow_http": "test double: a plain-HTTP webhook sink on loopback",
     "monitoring_prometheus_scrape_interval": "test timing",

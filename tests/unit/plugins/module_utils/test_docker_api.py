@@ -63,3 +63,58 @@ def test_the_digest_follows_every_part_of_the_container_but_not_its_labels():
     for key, value in (("restart_policy", "always"), ("volumes", []), ("shm_size", "8g"),
                        ("env", {"A": "1"}), ("healthcheck", dict(SPEC["healthcheck"], interval="30s"))):
         assert docker_api.spec_digest(dict(SPEC, **{key: value})) != digest, key
+
+
+@pytest.mark.parametrize("test,argv", [(["CMD", "bash", "-c", "exit 0"], ["bash", "-c", "exit 0"]),
+                                       (["CMD-SHELL", "curl -f localhost"], ["/bin/sh", "-c", "curl -f localhost"]),
+                                       (["NONE"], None), (None, None), ([], None)])
+def test_a_health_check_as_the_command_exec_runs(test, argv):
+    assert docker_api.healthcheck_argv(test) == argv
+
+
+def test_exec_runs_the_command_and_returns_its_exit_code_and_output(tmp_path):
+    import http.server
+    import json
+    import socketserver
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, status, payload, content_type="application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            if self.path == "/containers/vllm/exec":
+                self._answer(201, b'{"Id": "e1"}')
+            else:
+                self._answer(200, _frame(1, b"ok\n") + _frame(2, b"warn\n"), "application/vnd.docker.raw-stream")
+
+        def do_GET(self):  # noqa: N802
+            seen.append((self.path, None))
+            self._answer(200, b'{"ExitCode": 3, "Running": false}')
+
+        def log_message(self, *args):
+            pass
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+        def get_request(self):
+            return super().get_request()[0], ("local", 0)
+
+    path = str(tmp_path / "docker.sock")
+    with Server(path, Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        code, output = docker_api.Docker(path, timeout=5).exec_run("vllm", ["bash", "-c", "true"], timeout=5)
+        server.shutdown()
+    assert (code, output) == (3, "ok\nwarn")
+    assert seen == [("/containers/vllm/exec", {"Cmd": ["bash", "-c", "true"], "AttachStdout": True,
+                                               "AttachStderr": True}),
+                    ("/exec/e1/start", {"Detach": False, "Tty": False}), ("/exec/e1/json", None)]

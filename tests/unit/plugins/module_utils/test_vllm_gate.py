@@ -47,7 +47,7 @@ def test_a_serving_server_passes_every_step_in_order(gate):
     srv = server()
     result = gate(srv)
     assert result.passed, result.message
-    assert list(result.step_seconds) == ["container", "health", "models", "completion", "metrics"]
+    assert list(result.step_seconds) == ["container", "health", "models", "completion", "metrics", "healthcheck"]
     assert [path for _m, path, _b in srv.calls] == ["/health", "/v1/models", "/v1/chat/completions", "/metrics"]
     method, _path, body = srv.calls[2]
     assert method == "POST" and body["max_tokens"] == 1 and body["model"] == "qwen3-lab"
@@ -88,12 +88,47 @@ def test_missing_metric_fails_at_the_metrics_step(gate):
     assert "lacks vllm:kv_cache_usage_perc" in result.message
 
 
+STARTING = HEALTHY | {"Health": {"Status": "starting"}}
+
+
 def test_a_container_that_exits_while_loading_stops_the_gate_early(gate):
-    states = iter([HEALTHY | {"Health": {"Status": "starting"}},
-                   {"Running": False, "Status": "exited", "ExitCode": 1}])
-    result = gate(server(), state=lambda: next(states), timeout=900)
-    assert result.failed_step == "container"
+    states = iter([STARTING, {"Running": False, "Status": "exited", "ExitCode": 1}])
+    result = gate(server(**{"/health": [ConnectionRefusedError("refused")]}), state=lambda: next(states), timeout=900)
+    assert result.failed_step == "health"
     assert "exit code 1" in result.message
+
+
+def test_a_server_that_answers_does_not_wait_for_dockers_next_health_check(fake_clock):
+    # Docker before Engine 25 runs the check only every interval: the container's own check command, run once, says
+    # what Docker will find.
+    runs = []
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), server(), lambda: STARTING,
+                      clock=fake_clock, sleep=fake_clock.sleep, run_healthcheck=lambda: runs.append(1) or (0, ""))
+    assert result.passed, result.message
+    assert runs == [1] and fake_clock.now == 0
+
+
+def test_a_health_check_command_that_fails_is_retried_then_fails_the_gate(fake_clock):
+    answers = iter([(1, "curl: (7) refused"), (0, "")])
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900, poll_interval=2), server(),
+                      lambda: STARTING, clock=fake_clock, sleep=fake_clock.sleep, run_healthcheck=lambda: next(answers))
+    assert result.passed and result.step_seconds["healthcheck"] == 2
+    broken = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=30), server(), lambda: STARTING,
+                      clock=fake_clock, sleep=fake_clock.sleep, run_healthcheck=lambda: (2, "No such file: server.crt"))
+    assert broken.failed_step == "healthcheck"
+    assert "not ready after 30 s: the container's health check exited 2: No such file: server.crt" in broken.message
+
+
+def test_without_a_way_to_run_the_check_the_gate_waits_for_docker(fake_clock):
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900, poll_interval=2), server(),
+                      lambda: HEALTHY if fake_clock.now >= 4 else STARTING, clock=fake_clock, sleep=fake_clock.sleep)
+    assert result.passed and result.step_seconds["healthcheck"] == 4
+
+
+def test_an_unhealthy_container_fails_the_gate_even_when_it_answers(gate):
+    unhealthy = HEALTHY | {"Health": {"Status": "unhealthy"}}
+    result = gate(server(), state=lambda: unhealthy)
+    assert result.failed_step == "container" and "unhealthy" in result.message
 
 
 def test_a_missing_container_fails_the_first_step(gate):
@@ -115,13 +150,13 @@ def test_container_dying_during_http_polling_is_reported_without_waiting_out_the
 def test_a_restart_since_the_gate_began_fails_it_without_waiting_for_the_backoff(fake_clock):
     # Seen in the lab: a restart policy brings vLLM back at once, so between crashes the container reads "running"
     # (health "starting") and "restarting" only in the growing backoff.
-    starting = {"Running": True, "Status": "running", "Health": {"Status": "starting"}}
-    states = iter([dict(starting, RestartCount=0), dict(starting, RestartCount=0),
-                   dict(starting, RestartCount=1, ExitCode=1)])
+    states = iter([dict(STARTING, RestartCount=0), dict(STARTING, RestartCount=0),
+                   dict(STARTING, RestartCount=1, ExitCode=1)])
     clock = fake_clock
-    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), server(), lambda: next(states),
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900),
+                      server(**{"/health": [ConnectionRefusedError("refused")]}), lambda: next(states),
                       clock=clock, sleep=clock.sleep)
-    assert result.failed_step == "container"
+    assert result.failed_step == "health"
     assert "restarted it 1 time(s) during the gate: vLLM exits at startup" in result.message
     assert clock.now < 900
 

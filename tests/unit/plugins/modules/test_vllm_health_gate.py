@@ -26,7 +26,7 @@ def test_check_apply_and_again_pass_every_step_and_change_nothing(gate, vllm_end
     runs = [gate(_ansible_check_mode=mode) for mode in (True, False, False)]
     for rc, result in runs:
         assert rc == 0 and result["passed"] is True and result["changed"] is False, result.get("msg")
-        assert list(result["step_seconds"]) == ["container"] + STEPS and not result["failed_step"]
+        assert list(result["step_seconds"]) == ["container"] + STEPS + ["healthcheck"] and not result["failed_step"]
         assert result["completion"]["usage"]["completion_tokens"] == 1
     assert [path for _method, path, _auth in vllm_endpoints.seen] == [
         "/health", "/v1/models", "/v1/chat/completions", "/metrics"] * 3
