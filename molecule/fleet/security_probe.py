@@ -4,15 +4,21 @@ so no key is a process argument; prints one JSON line per request: name, status 
 answer named a backend, whether it held a completion, and whether a text the answer must not hold ("absent") was
 absent. A request may carry more headers and may send its body chunked (no Content-Length). Over https it trusts its
 "cafile" only, and may present a client certificate ("cert", key "cert_key"; "cert": "stranger" is a self-signed one
-made here, which no server trusts). Never prints a request's key."""
+made here, which no server trusts). A "raw_body" is sent as written (duplicate or escaped JSON keys). A "wire" request
+is written on one socket byte for byte: its HTTP requests ("wire": [{path, body, key, version, pad}]) back to back
+(pipelined), over TLS when the URL is https; its status is that of the last answer (0 when fewer answers came than
+requests were sent), "statuses" all of them. Never prints a request's key."""
 import json
 import os
+import re
+import socket
 import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 STRANGER = tempfile.mkdtemp(prefix="security-probe-")
@@ -28,12 +34,46 @@ def stranger():
     return cert, key
 
 
+def wire(spec):
+    """Several HTTP requests written at once on one connection, as a client on the wire may send them."""
+    url = urllib.parse.urlsplit(spec["url"])
+    data = b""
+    for part in spec["wire"]:
+        # "pad": that many bytes of prompt, made here (a body over a limit need not travel through Ansible).
+        body = json.dumps(dict(part["body"], **({"prompt": "x" * part["pad"]} if part.get("pad") else {}))).encode()
+        head = [f"POST {part['path']} {part.get('version', 'HTTP/1.1')}", f"Host: {url.hostname}",
+                "Content-Type: application/json", f"Content-Length: {len(body)}"]
+        if part.get("key") is not None:
+            head.append("Authorization: Bearer " + part["key"])
+        data += ("\r\n".join(head) + "\r\n\r\n").encode() + body
+    sock = socket.create_connection((url.hostname, url.port), timeout=spec.get("timeout", 60))
+    if url.scheme == "https":
+        sock = ssl.create_default_context(cafile=spec.get("cafile")).wrap_socket(sock, server_hostname=url.hostname)
+    answer = b""
+    try:
+        sock.sendall(data)
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except OSError:
+        pass  # a reset after the answers: what came counts
+    finally:
+        sock.close()
+    statuses = [int(code) for code in re.findall(rb"HTTP/1\.[01] (\d{3}) ", answer)]
+    return {"name": spec["name"], "statuses": statuses,
+            "status": statuses[-1] if len(statuses) == len(spec["wire"]) else 0,
+            "backend_header": b"x-onprem-backend" in answer.lower()}
+
+
 def one(spec):
+    if spec.get("wire"):
+        return wire(spec)
     headers = {"Content-Type": "application/json"}
     if spec.get("key") is not None:
         headers["Authorization"] = "Bearer " + spec["key"]
     headers.update(spec.get("headers") or {})
     body = json.dumps(spec["body"]).encode() if spec.get("body") is not None else None
+    if spec.get("raw_body") is not None:
+        body = spec["raw_body"].encode()
     if body is not None and spec.get("chunked"):
         body = iter([body[i:i + 65536] for i in range(0, len(body), 65536)])  # urllib sends it chunked
     context = ssl.create_default_context(cafile=spec["cafile"]) if spec.get("cafile") else None
