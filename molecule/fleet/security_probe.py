@@ -7,7 +7,11 @@ absent. A request may carry more headers and may send its body chunked (no Conte
 made here, which no server trusts). A "raw_body" is sent as written (duplicate or escaped JSON keys). A "wire" request
 is written on one socket byte for byte: its HTTP requests ("wire": [{path, body, key, version, pad}]) back to back
 (pipelined), over TLS when the URL is https; its status is that of the last answer (0 when fewer answers came than
-requests were sent), "statuses" all of them. Never prints a request's key."""
+requests were sent), "statuses" all of them. A "hold" request writes its bytes ("hold": text, possibly a request head
+that announces more body than it sends, or a TLS ClientHello cut short on a plain socket) and waits: its status is 0
+when the gateway closed the connection within "within_s" seconds, -1 when it still held it; the holds run at once,
+beside the other requests. Never prints a request's key."""
+import concurrent.futures
 import json
 import os
 import re
@@ -64,7 +68,33 @@ def wire(spec):
             "backend_header": b"x-onprem-backend" in answer.lower()}
 
 
+def hold(spec):
+    """Bytes that never make a whole request: the seconds until the gateway closes the connection."""
+    url = urllib.parse.urlsplit(spec["url"])
+    started = time.monotonic()
+    sock = socket.create_connection((url.hostname, url.port), timeout=spec["within_s"])
+    if url.scheme == "https" and not spec.get("raw_tls"):
+        sock = ssl.create_default_context(cafile=spec.get("cafile")).wrap_socket(sock, server_hostname=url.hostname)
+    answer = b""
+    try:
+        sock.sendall(spec["hold"].encode("latin-1"))
+        while chunk := sock.recv(65536):
+            answer += chunk
+        closed = True
+    except socket.timeout:
+        closed = False
+    except OSError:
+        closed = True  # reset
+    finally:
+        sock.close()
+    seconds = round(time.monotonic() - started, 1)
+    return {"name": spec["name"], "status": 0 if closed and seconds <= spec["within_s"] else -1, "seconds": seconds,
+            "answered": answer[:12].decode("latin-1")}
+
+
 def one(spec):
+    if spec.get("hold") is not None:
+        return hold(spec)
     if spec.get("wire"):
         return wire(spec)
     headers = {"Content-Type": "application/json"}
@@ -101,5 +131,9 @@ def one(spec):
                 "absent": not spec.get("absent") or spec["absent"] not in text}
 
 
-for spec in json.load(sys.stdin):
-    print(json.dumps(one(spec)), flush=True)
+specs = json.load(sys.stdin)
+with concurrent.futures.ThreadPoolExecutor(max(1, sum(1 for spec in specs if spec.get("hold") is not None))) as pool:
+    held = {i: pool.submit(hold, spec) for i, spec in enumerate(specs) if spec.get("hold") is not None}
+    answers = [held[i] if i in held else one(spec) for i, spec in enumerate(specs)]
+for answer in answers:
+    print(json.dumps(answer if isinstance(answer, dict) else answer.result()), flush=True)
