@@ -65,3 +65,42 @@ def test_mutual_tls_passes_with_the_hosts_identity_and_names_a_missing_certifica
     # A certificate that is not there is a setting to fix, said at once, not a server that never came up.
     rc, result = call_module(vllm_health_gate, **dict(args, ca_path=str(tmp_path / "gone.crt")))
     assert rc == 1 and "gone.crt" in result["msg"] and len(srv.seen) == 4
+
+
+def fake_docker(tmp_path, health, check_exit):
+    """A docker CLI stand-in: inspect answers the container's state (Docker's health HEALTH) and its health check, exec
+    runs nothing and exits CHECK_EXIT; each call is logged."""
+    log = tmp_path / "docker.log"
+    script = tmp_path / "docker"
+    script.write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+case "$1 $3" in
+  'inspect {{"RestartCount": {{{{.RestartCount}}}}, "State": {{{{json .State}}}}}}')
+    echo '{{"RestartCount": 0, "State": {{"Running": true, "Status": "running", "Health": {{"Status": "{health}"}}}}}}' ;;
+  'inspect {{{{json .Config.Healthcheck}}}}')
+    echo '{{"Test": ["CMD", "python3", "-c", "check"], "Interval": 15000000000}}' ;;
+  exec*) echo 'refused' >&2; exit {check_exit} ;;
+esac
+""")
+    script.chmod(0o755)
+    return str(script), log
+
+
+def test_the_containers_own_check_passes_the_gate_before_docker_ran_it(gate, tmp_path):
+    docker, log = fake_docker(tmp_path, "starting", 0)
+    rc, result = gate(container_name="vllm", docker_path=docker)
+    assert rc == 0 and result["passed"] is True, result.get("msg")
+    assert "exec vllm python3 -c check" in log.read_text()
+
+
+def test_a_container_whose_own_check_fails_fails_the_gate_at_that_step(gate, tmp_path):
+    docker, _log = fake_docker(tmp_path, "starting", 3)
+    rc, result = gate(container_name="vllm", docker_path=docker, timeout=1)
+    assert rc == 1 and result["failed_step"] == "healthcheck"
+    assert "the container's health check exited 3: refused" in result["msg"]
+
+
+def test_a_healthy_container_is_not_checked_again(gate, tmp_path):
+    docker, log = fake_docker(tmp_path, "healthy", 3)
+    rc, result = gate(container_name="vllm", docker_path=docker)
+    assert rc == 0 and result["passed"] is True and "exec" not in log.read_text()
