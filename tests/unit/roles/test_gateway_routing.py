@@ -287,26 +287,37 @@ FLOOD = r'''
 import json, selectors, socket, sys, time
 
 host, count = sys.argv[1], int(sys.argv[2])
-selector, opened, held = selectors.DefaultSelector(), time.monotonic(), {}
+selector, opened, held, started = selectors.DefaultSelector(), time.monotonic(), {}, {}
+
+
+def reap(timeout):
+    """Notes the connections the gateway answered or closed (when, and the status), and closes them here."""
+    for key, _ in selector.select(timeout=timeout):
+        try:
+            data = key.fileobj.recv(65536)
+        except OSError:
+            data = b""
+        held[key.data] = {"started": started[key.data], "seconds": round(time.monotonic() - opened, 2),
+                          "status": data[9:12].decode() or None}
+        selector.unregister(key.fileobj)
+        key.fileobj.close()
+
+
 for index in range(count):
+    if selector.get_map():
+        reap(0)  # while the flood is still opening: a held connection's end is seen when it comes
+    started[index] = round(time.monotonic() - opened, 2)
     try:  # a connection refused at accept may be reset before connect returns
         sock = socket.create_connection((host, 4000), timeout=10)
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Length: 1000000\r\n")
     except OSError:
-        held[index] = {"seconds": round(time.monotonic() - opened, 2), "status": None}
+        held[index] = {"started": started[index], "seconds": round(time.monotonic() - opened, 2), "status": None}
         continue
     sock.setblocking(False)
     selector.register(sock, selectors.EVENT_READ, index)
 print("holding", flush=True)
 while len(held) < count and time.monotonic() - opened < 30:
-    for key, _ in selector.select(timeout=1):
-        try:
-            data = key.fileobj.recv(65536)
-        except OSError:
-            data = b""
-        held[key.data] = {"seconds": round(time.monotonic() - opened, 2), "status": data[9:12].decode() or None}
-        selector.unregister(key.fileobj)
-        key.fileobj.close()
+    reap(1)
 print(json.dumps(sorted(held.values(), key=lambda one: one["seconds"])))
 '''
 
@@ -1259,14 +1270,19 @@ def test_the_gateways_own_errors_are_openai_error_objects(gateway):
 
 
 def test_one_address_holds_a_bounded_number_of_connections_each_for_seconds(gateway):
-    """One address opens 5,000 connections, each a request head that never ends, and no key: the gateway holds
-    PER_SOURCE of them for gateway_timeout_http_request and refuses the rest at accept; a keyed client elsewhere is
-    answered at once meanwhile."""
+    """One address opens 5,000 connections, each a request head that never ends, and no key: the gateway holds at
+    most PER_SOURCE of them at a time, each for gateway_timeout_http_request, and refuses the rest at accept; a keyed
+    client elsewhere is answered at once meanwhile. (Where opening them all takes longer than the timeout, a slot the
+    timeout freed takes a later connection.)"""
     flooded = gateway["flooded"]
     assert len(flooded) == FLOOD_CONNECTIONS, len(flooded)  # every connection ended
     refused = [one for one in flooded if one["status"] is None]
     held = [one for one in flooded if one["status"] == "408"]
-    assert len(held) == PER_SOURCE and len(refused) == FLOOD_CONNECTIONS - PER_SOURCE, (len(held), len(refused))
-    assert max(one["seconds"] for one in held) < 5 + 2, held  # gateway_timeout_http_request, 5 s
+    assert len(held) + len(refused) == FLOOD_CONNECTIONS, flooded
+    # Held at once: the most whose span covers one's start (the flood notes a close before its next connection, so a
+    # slot freed between the two may count one more).
+    at_once = max(sum(1 for other in held if other["started"] <= one["started"] < other["seconds"]) for one in held)
+    assert PER_SOURCE <= at_once <= PER_SOURCE + 1 and len(refused) > FLOOD_CONNECTIONS / 2, (at_once, len(held))
+    assert max(one["seconds"] - one["started"] for one in held) < 5 + 2, held  # gateway_timeout_http_request, 5 s
     during = gateway["during_flood"]
     assert during["status"] == 200 and during["seconds"] < 2, during  # a keyed client elsewhere meanwhile
