@@ -6,8 +6,10 @@ on a pooling server) → /metrics → the container's own health check passes.
 not waited for: before Engine 25 (no start_interval) Docker runs the check only every interval, so a ready server
 waited up to a whole interval (15 s by default) for its next run. Once the HTTP steps pass, a container Docker still
 calls "starting" has its own check command run once (injected: run_healthcheck), which proves Docker will find it
-healthy; "unhealthy" fails the gate at any step. Pure logic: HTTP and the container probes are injected, so the same
-code runs in the module, in tests and from a benchmark.
+healthy. "unhealthy" fails the gate at any step once the check, run again then, fails too: Docker's verdict is the last
+three checks, up to three intervals old, and a server that was refused on purpose (a GPU fault flag or a drain, which
+fail /health) is still "unhealthy" for up to an interval after the flag is set aside for its return. Pure logic: HTTP
+and the container probes are injected, so the same code runs in the module, in tests and from a benchmark.
 """
 from __future__ import annotations
 
@@ -62,12 +64,14 @@ def _short(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def check_container(state: dict | None, restarts_at_start: int | None = None) -> None:
+def check_container(state: dict | None, restarts_at_start: int | None = None,
+                    run_healthcheck: Callable[[], tuple[int, str]] | None = None) -> None:
     """state: `docker inspect` .State (plus the container's RestartCount), or None when the container does not exist.
 
     restarts_at_start: RestartCount when the gate began. A restart policy brings a crashed vLLM straight back, so the
     container reads "running" most of the time and "restarting" only in the backoff between attempts: one restart
-    since the gate began already says vLLM exits at startup (waiting to catch "restarting" took minutes)."""
+    since the gate began already says vLLM exits at startup (waiting to catch "restarting" took minutes).
+    run_healthcheck: Docker's "unhealthy" is confirmed by one run of the check now (exit 0: a stale verdict, go on)."""
     if state is None:
         raise StepBroken("the container does not exist")
     if state.get("Restarting"):
@@ -82,7 +86,11 @@ def check_container(state: dict | None, restarts_at_start: int | None = None) ->
         raise StepBroken(f"the container is not running (status {state.get('Status')}, exit code "
                          f"{state.get('ExitCode')}{', OOM-killed' if state.get('OOMKilled') else ''})")
     if (state.get("Health") or {}).get("Status") == "unhealthy":
-        raise StepBroken("Docker reports the container unhealthy")
+        code, output = run_healthcheck() if run_healthcheck is not None else (None, "")
+        if code != 0:
+            raise StepBroken("Docker reports the container unhealthy" + (
+                f" and its health check, run again now, exited {code}: {_short(output, 200)}" if code is not None
+                else ""))
 
 
 def check_healthcheck(state: dict | None, run_healthcheck: Callable[[], tuple[int, str]] | None) -> None:
@@ -182,7 +190,7 @@ def run_gate(config: GateConfig, http: Callable[[str, str, dict | None], Respons
         state = container_state()
         if state is not None and not restarts_at_start:
             restarts_at_start.append(state.get("RestartCount"))
-        check_container(state, restarts_at_start[0] if restarts_at_start else None)
+        check_container(state, restarts_at_start[0] if restarts_at_start else None, run_healthcheck)
         return state
 
     def probe(step: str) -> None:

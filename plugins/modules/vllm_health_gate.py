@@ -30,7 +30,9 @@ options:
     choices: [generate, pooling]
     default: generate
   container_name:
-    description: Docker container to watch; a container that stops, restarts or turns unhealthy fails the gate at once.
+    description:
+      - Docker container to watch; a container that stops or restarts fails the gate at once, and so does one Docker
+        calls unhealthy whose health check, run again then, fails too (a stale verdict, e.g. from a drain, does not).
     type: str
   docker_path:
     description: The docker CLI on the host.

@@ -131,6 +131,27 @@ def test_an_unhealthy_container_fails_the_gate_even_when_it_answers(gate):
     assert result.failed_step == "container" and "unhealthy" in result.message
 
 
+def test_an_unhealthy_container_whose_check_fails_again_now_fails_the_gate_at_once(fake_clock):
+    unhealthy = HEALTHY | {"Health": {"Status": "unhealthy"}}
+    runs = []
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), server(), lambda: unhealthy,
+                      clock=fake_clock, sleep=fake_clock.sleep,
+                      run_healthcheck=lambda: runs.append(1) or (1, "HTTP 503 draining"))
+    assert result.failed_step == "container" and fake_clock.now == 0 and runs == [1]
+    assert "unhealthy and its health check, run again now, exited 1: HTTP 503 draining" in result.message
+
+
+def test_a_stale_unhealthy_verdict_does_not_fail_a_server_that_answers_now(fake_clock):
+    # A GPU fault flag failed /health long enough for Docker's three checks; the return set the flag aside, and Docker
+    # says "unhealthy" until its next check, up to an interval later: the check run now passes, and so does the gate.
+    unhealthy = HEALTHY | {"Health": {"Status": "unhealthy"}}
+    runs = []
+    result = run_gate(GateConfig(served_model_name="qwen3-lab", timeout=900), server(), lambda: unhealthy,
+                      clock=fake_clock, sleep=fake_clock.sleep, run_healthcheck=lambda: runs.append(1) or (0, ""))
+    assert result.passed, result.message
+    assert runs and fake_clock.now == 0
+
+
 def test_a_missing_container_fails_the_first_step(gate):
     result = gate(server(), state=lambda: None)
     assert result.failed_step == "container" and "does not exist" in result.message
