@@ -25,6 +25,7 @@ import datetime
 import hashlib
 import json
 import os
+import pathlib
 import re
 import shutil
 import socket
@@ -52,6 +53,9 @@ with open(os.path.join(ROOT, "inventories", "example", "group_vars", "all", "pla
 BUFFER = 131072
 PER_SOURCE = 20  # connections one client address may hold
 FLOOD_CONNECTIONS = 5000  # slow connections one address opens (the flood), each a request head that never ends
+# One address opens more connections than gateway_max_connections_per_source and never finishes a request's head: how
+# long the gateway kept each (refused at accept: at once) and what it answered. The fleet's security checks run it too.
+FLOOD_SCRIPT = pathlib.Path(ROOT, "molecule", "fleet", "flood.py")
 SERVER_KEY = "server-key-0123456789abcdef"
 FULL_KEY, LIMITED_KEY = "full-key-0123456789abcdef", "limited-key-0123456789abcdef"
 NOISY_KEY, SIZED_KEY = "noisy-key-0123456789abcdef", "sized-key-0123456789abcdef"
@@ -283,43 +287,6 @@ http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
 
 # One address opens more connections than gateway_max_connections_per_source and never finishes a request's head:
 # how long the gateway kept each (refused at accept: at once) and what it answered.
-FLOOD = r'''
-import json, selectors, socket, sys, time
-
-host, count = sys.argv[1], int(sys.argv[2])
-selector, opened, held, started = selectors.DefaultSelector(), time.monotonic(), {}, {}
-
-
-def reap(timeout):
-    """Notes the connections the gateway answered or closed (when, and the status), and closes them here."""
-    for key, _ in selector.select(timeout=timeout):
-        try:
-            data = key.fileobj.recv(65536)
-        except OSError:
-            data = b""
-        held[key.data] = {"started": started[key.data], "seconds": round(time.monotonic() - opened, 2),
-                          "status": data[9:12].decode() or None}
-        selector.unregister(key.fileobj)
-        key.fileobj.close()
-
-
-for index in range(count):
-    if selector.get_map():
-        reap(0)  # while the flood is still opening: a held connection's end is seen when it comes
-    started[index] = round(time.monotonic() - opened, 2)
-    try:  # a connection refused at accept may be reset before connect returns
-        sock = socket.create_connection((host, 4000), timeout=10)
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Length: 1000000\r\n")
-    except OSError:
-        held[index] = {"started": started[index], "seconds": round(time.monotonic() - opened, 2), "status": None}
-        continue
-    sock.setblocking(False)
-    selector.register(sock, selectors.EVENT_READ, index)
-print("holding", flush=True)
-while len(held) < count and time.monotonic() - opened < 30:
-    reap(1)
-print(json.dumps(sorted(held.values(), key=lambda one: one["seconds"])))
-'''
 
 # Photo chats of 8 MB at once, messages before model (each through the model finder), with httpx: each one's status
 # and the backend that answered, the seconds they took together. Five of these, ten each, make the test's 50.
@@ -902,10 +869,10 @@ def gateway(tmp_path_factory):
         with urllib.request.urlopen(request, timeout=30) as answer:
             after_undrain = json.load(answer)["stand_in"]
         # The flood from the client's address; meanwhile a keyed client from another (this machine) is served.
-        (tmp / "flood.py").write_text(FLOOD)
+        (tmp / "flood.py").write_text(FLOOD_SCRIPT.read_text())
         with subprocess.Popen(["docker", "run", "--rm", "--name", prefix + "-flood", "--network", network,
                                "-v", "%s:/test:ro" % tmp, "--entrypoint", "python3", SERVING_IMAGE, "/test/flood.py",
-                               prefix + "-gw", str(FLOOD_CONNECTIONS)], stdout=subprocess.PIPE, text=True) as flood:
+                               prefix + "-gw", "4000", str(FLOOD_CONNECTIONS)], stdout=subprocess.PIPE, text=True) as flood:
             assert flood.stdout.readline().strip() == "holding"
             started = time.monotonic()
             with urllib.request.urlopen(request, timeout=30) as answer:
