@@ -146,6 +146,9 @@ def next_action(desired: str, desired_record: dict, current, aside, marker, reco
             return _forward(desired, current, aside, marker, record, gates)
         return _settle(desired, current, aside, marker, record, gates)
     if failed_here:
+        if current is not None and current.deployment == desired:
+            # No marker: this run replaced nothing (a failed replacement settles back), the server ran before it.
+            return Action(FAIL, why="the unchanged server failed its gate")
         if current is not None and current.deployment != desired:
             step = _gate_or_start(current, gates, PURPOSE_RESTORED, "the restored server")
             if step:
@@ -158,8 +161,6 @@ def next_action(desired: str, desired_record: dict, current, aside, marker, reco
     step = _gate_or_start(current, gates, PURPOSE_UNCHANGED, "the unchanged server")
     if step:
         return step
-    if not gates[desired]:
-        return Action(FAIL, why="the unchanged server failed its gate")
     if record != desired_record:
         return Action(RECORD, why="the record does not describe the server that runs")
     return Action(DONE)

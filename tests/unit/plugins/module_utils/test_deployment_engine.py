@@ -216,6 +216,18 @@ def test_an_unchanged_server_is_only_gated():
     assert [a.name for a in _uncut_actions("D", {"D"}, "D")] == [engine.GATE]
 
 
+def test_an_unchanged_server_that_fails_its_gate_fails_as_such():
+    """Nothing replaced, nothing restored: the failure says the server that ran failed (the module's message)."""
+    host = Host("D")
+    gates = {}
+    action = engine.next_action("D", record("D"), *host.observe(), gates)
+    assert action.name == engine.GATE and action.purpose == engine.PURPOSE_UNCHANGED
+    gates["D"] = False
+    action = engine.next_action("D", record("D"), *host.observe(), gates)
+    assert action.name == engine.FAIL and action.why == "the unchanged server failed its gate"
+    assert host.containers[NAME]["deployment"] == "D" and host.marker is None
+
+
 def test_a_stopped_unchanged_server_is_started_then_gated():
     host = Host("D")
     host.containers[NAME]["running"] = False
