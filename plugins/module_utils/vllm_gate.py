@@ -96,9 +96,9 @@ def check_container(state: dict | None, restarts_at_start: int | None = None,
 def check_healthcheck(state: dict | None, run_healthcheck: Callable[[], tuple[int, str]] | None) -> None:
     """The container's own health check, once the server answers (state: check_container passed it): Docker's
     "healthy" (or no check configured) passes; while Docker still says "starting", one run of the check command that
-    exits 0 passes."""
+    exits 0 passes. "unhealthy" reaches this only after check_container ran the check for it and it passed."""
     health = (state.get("Health") or {}).get("Status")
-    if health in (None, "healthy"):
+    if health in (None, "healthy", "unhealthy"):
         return
     if run_healthcheck is None:
         raise StepNotReady(f"container health is {health}")
