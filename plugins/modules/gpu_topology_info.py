@@ -63,6 +63,14 @@ options:
     type: list
     elements: int
     default: []
+  allowed_container_names:
+    description:
+      - Docker containers whose processes' GPU memory does not count as foreign (C(docker top)), e.g. the vLLM server
+        a rollout is about to replace and the host's other servers. A container that does not exist, or a host
+        without Docker, adds nothing.
+    type: list
+    elements: str
+    default: []
 notes:
   - Check mode is supported; the module never changes anything.
   - nvidia-smi does not report the compute capability; with that backend it comes from a table keyed by architecture
@@ -179,7 +187,19 @@ ARGUMENT_SPEC = dict(
     p2p_risks=dict(type="list", elements="str", default=[]),
     allowed_process_names=dict(type="list", elements="str", default=[]),
     allowed_pids=dict(type="list", elements="int", default=[]),
+    allowed_container_names=dict(type="list", elements="str", default=[]),
 )
+
+
+def container_pids(module, names):
+    """The host PIDs of the processes of each named container that exists (docker top)."""
+    docker = module.get_bin_path("docker") if names else None
+    pids = []
+    for name in names if docker else []:
+        rc, out, _err = module.run_command([docker, "top", name, "-eo", "pid"])
+        if rc == 0:
+            pids.extend(int(line.strip()) for line in out.splitlines() if line.strip().isdigit())
+    return pids
 
 
 def run_module(module):
@@ -218,7 +238,7 @@ def run_module(module):
             gpu_uuids=params["gpu_uuids"],
             p2p_risks=params["p2p_risks"],
             allowed_process_names=params["allowed_process_names"],
-            allowed_pids=params["allowed_pids"],
+            allowed_pids=params["allowed_pids"] + container_pids(module, params["allowed_container_names"]),
         )
         if not gpus and not result["plan"]["ok"]:
             result["plan"]["msg"] = "%s (%s)" % (result["plan"]["msg"], collected["msg"])

@@ -211,3 +211,29 @@ def test_two_h200_capture_replays_to_the_live_facts(smi):
     result = smi("h200-x2", tensor_parallel_size=2)
     for key in ("status", "driver_version", "cuda_driver_version", "gpu_count", "gpus", "links", "nvswitch", "plan"):
         assert result[key] == live[key], key
+
+
+class _FakeDockerHost:
+    """What container_pids sees of a host: docker on PATH (or not) and `docker top NAME -eo pid` per container."""
+
+    def __init__(self, tops, docker="/usr/bin/docker"):
+        self.tops, self.docker, self.calls = tops, docker, []
+
+    def get_bin_path(self, name):
+        return self.docker if name == "docker" else None
+
+    def run_command(self, argv):
+        self.calls.append(argv)
+        top = self.tops.get(argv[2])
+        return (0, top, "") if top is not None else (1, "", "Error: No such container: %s" % argv[2])
+
+
+def test_the_containers_processes_are_read_with_docker_top():
+    from ansible_collections.onprem.vllm.plugins.modules import gpu_topology_info
+
+    host = _FakeDockerHost({"vllm": "PID\n4242\n4250\n", "vllm-embed": "PID\n"})
+    assert gpu_topology_info.container_pids(host, ["vllm", "vllm-embed", "gone"]) == [4242, 4250]
+    assert host.calls[0] == ["/usr/bin/docker", "top", "vllm", "-eo", "pid"]
+    # No container named, or no Docker on the host: nothing read, nothing added.
+    assert gpu_topology_info.container_pids(_FakeDockerHost({}), []) == []
+    assert gpu_topology_info.container_pids(_FakeDockerHost({"vllm": "PID\n1\n"}, docker=None), ["vllm"]) == []
