@@ -67,6 +67,18 @@ CASES = {
                                   "gpu_preflight_model_config_path": os.path.join(MODELS, "Qwen3-235B-A22B", "config.json"),
                                   "gpu_preflight_max_model_len": 32768, "gpu_preflight_vllm_version": "v0.32.0"}),
     "kv_missing_config": ("no-driver", {"gpu_preflight_cpu_mode": True, "gpu_preflight_model_config_path": "nowhere"}),
+    # The same config read on the controller (the action plans there, without a round trip to the host).
+    "kv_lab_cpu_on_controller": ("no-driver", {"gpu_preflight_cpu_mode": True, "gpu_preflight_tensor_parallel_size": 1,
+                                               "gpu_preflight_model_config_path": "tiny-qwen3",
+                                               "gpu_preflight_model_config_on_controller": True,
+                                               "gpu_preflight_max_model_len": 2048,
+                                               "gpu_preflight_cpu_kv_cache_space_gib": 1,
+                                               "gpu_preflight_vllm_version": "v0.32.0"}),
+    "kv_missing_config_on_controller": ("no-driver", {"gpu_preflight_cpu_mode": True,
+                                                      "gpu_preflight_model_config_path": "nowhere",
+                                                      "gpu_preflight_model_config_on_controller": True}),
+    "kv_check_off": ("no-driver", {"gpu_preflight_cpu_mode": True, "gpu_preflight_model_config_path": "tiny-qwen3",
+                                   "gpu_preflight_kv_check": False}),
     "seed_plan_tp2_h200": ("h200-x2", {
         "vllm_server_tensor_parallel_size": 2, "vllm_server_max_model_len": 32768,
         "vllm_server_gpu_memory_utilization": 0.90, "vllm_server_max_num_batched_tokens": 8192,
@@ -206,7 +218,7 @@ LAB_LOG_FACT_TOKENS = 1048576  # `CPU KV cache size: 1,048,576 tokens` in tests/
 def test_kv_check_in_lab_cpu_mode_predicts_what_vllm_logged(play):
     rc, tasks = play("kv_lab_cpu")
     assert rc == 0, failure(tasks)
-    plan = tasks["Plan the KV cache"]
+    plan = tasks["Plan the KV cache"]["kv_plan"]
     assert plan["kv_cache_tokens"] == LAB_LOG_FACT_TOKENS
     assert plan["fits"] is True
 
@@ -222,7 +234,26 @@ def test_kv_check_refuses_a_model_that_cannot_fit_with_a_suggestion(play):
 def test_kv_check_names_a_missing_model_config(play):
     rc, tasks = play("kv_missing_config")
     assert rc != 0
+    assert "does not exist on kv_missing_config" in failure(tasks)
     assert "gpu_preflight_model_config_on_controller" in failure(tasks)
+    rc, tasks = play("kv_missing_config_on_controller")
+    assert rc != 0 and "does not exist on the control node" in failure(tasks)
+
+
+def test_kv_check_plans_a_config_on_the_controller_as_on_the_host(play):
+    rc, tasks = play("kv_lab_cpu_on_controller")
+    assert rc == 0, failure(tasks)
+    _rc, on_host = play("kv_lab_cpu")
+    assert tasks["Plan the KV cache"]["kv_plan"] == on_host["Plan the KV cache"]["kv_plan"]
+    assert tasks["Plan the KV cache"]["msg"].startswith("%d KV-cache tokens, " % LAB_LOG_FACT_TOKENS)
+    assert tasks["Plan the KV cache"]["msg"].endswith(" tokens on each CPU")
+
+
+def test_kv_check_off_says_so_and_plans_nothing(play):
+    rc, tasks = play("kv_check_off")
+    assert rc == 0, failure(tasks)
+    assert tasks["Plan the KV cache"]["kv_plan"] == {}
+    assert tasks["Plan the KV cache"]["msg"] == "KV-cache check skipped on kv_check_off: gpu_preflight_kv_check is false"
 
 
 def test_seed_plan_at_tp2_on_two_h200_replays_the_live_decision(play):
@@ -236,7 +267,7 @@ def test_seed_plan_at_tp2_on_two_h200_replays_the_live_decision(play):
     assert published["uuids"] == live["selected_gpu_uuids"] and len(published["uuids"]) == 2
     assert published["nccl"] == live["nccl_env"] == {"NCCL_P2P_DISABLE": "0"}
     assert int(published["mem"]) == live["gpu_memory_bytes"] == 150754820096
-    plan = tasks["Plan the KV cache"]
+    plan = tasks["Plan the KV cache"]["kv_plan"]
     # What the model and the topology decide is the live run's; the memory left for KV is the planner's own estimate,
     # and the live file holds the planner of 2026-11-30: its vLLM >= 0.26 terms, refitted on 2026-12-01 on the H200
     # startups (docs/kv_headroom.md), leave 0.76 GiB less here, of which runner V1's CUDA-graph estimate, derived from
