@@ -4,31 +4,8 @@ gpu_topology_info (two round trips), then decides on the controller (module_util
 refusal at once, the warnings, the GPUs chosen. Documentation: plugins/modules/gpu_preflight.py."""
 from __future__ import annotations
 
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.onprem.vllm.plugins.module_utils import gpu_preflight_verdict
-
-ARGUMENT_SPEC = dict(
-    host_name=dict(type="str", required=True),
-    cpu_mode=dict(type="bool", default=False),
-    tensor_parallel_size=dict(type="int", required=True),
-    backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia-smi"]),
-    nvidia_smi_path=dict(type="path"),
-    kernel_log_path=dict(type="path"),
-    ignore_xids=dict(type="list", elements="int", default=[]),
-    xids_after=dict(type="str", default=""),
-    gpu_uuids=dict(type="list", elements="str", default=[]),
-    exclude_gpu_uuids=dict(type="list", elements="str", default=[]),
-    allowed_process_names=dict(type="list", elements="str", default=[]),
-    allowed_container_names=dict(type="list", elements="str", default=[]),
-    max_foreign_memory_bytes=dict(type="int", default=1073741824),
-    fail_on_warnings=dict(type="bool", default=False),
-    quantization=dict(type="str", default=""),
-    model_dtype=dict(type="str", default="auto"),
-    driver_image_check=dict(type="bool", default=True),
-    image_tag=dict(type="str", default=""),
-    image_cuda=dict(type="str", default=""),
-)
+from ansible_collections.onprem.vllm.plugins.plugin_utils.read_only_action import ReadOnlyAction
 
 
 def _given(params, *names):
@@ -36,21 +13,30 @@ def _given(params, *names):
     return {name: params[name] for name in names if params[name] not in ("", [], None)}
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _supports_check_mode = True
+class ActionModule(ReadOnlyAction):
+    ARGUMENT_SPEC = dict(
+        host_name=dict(type="str", required=True),
+        cpu_mode=dict(type="bool", default=False),
+        tensor_parallel_size=dict(type="int", required=True),
+        backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia-smi"]),
+        nvidia_smi_path=dict(type="path"),
+        kernel_log_path=dict(type="path"),
+        ignore_xids=dict(type="list", elements="int", default=[]),
+        xids_after=dict(type="str", default=""),
+        gpu_uuids=dict(type="list", elements="str", default=[]),
+        exclude_gpu_uuids=dict(type="list", elements="str", default=[]),
+        allowed_process_names=dict(type="list", elements="str", default=[]),
+        allowed_container_names=dict(type="list", elements="str", default=[]),
+        max_foreign_memory_bytes=dict(type="int", default=1073741824),
+        fail_on_warnings=dict(type="bool", default=False),
+        quantization=dict(type="str", default=""),
+        model_dtype=dict(type="str", default="auto"),
+        driver_image_check=dict(type="bool", default=True),
+        image_tag=dict(type="str", default=""),
+        image_cuda=dict(type="str", default=""),
+    )
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp
-        validation, params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        del validation
-        try:
-            return self._preflight(result, params, task_vars)
-        finally:
-            self._remove_tmp_path(self._connection._shell.tmpdir)
-
-    def _preflight(self, result, params, task_vars):
+    def decide(self, result, params, task_vars):
         health = self._execute_module(
             module_name="onprem.vllm.gpu_health_info", task_vars=task_vars,
             module_args=dict(_given(params, "nvidia_smi_path", "kernel_log_path", "xids_after", "gpu_uuids"),

@@ -7,17 +7,9 @@ from __future__ import annotations
 
 import os
 
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.onprem.vllm.plugins.module_utils import kv_request
+from ansible_collections.onprem.vllm.plugins.plugin_utils.read_only_action import ReadOnlyAction
 
-ARGUMENT_SPEC = dict(
-    kv_request.ARGUMENT_SPEC,
-    host_name=dict(type="str", required=True),
-    deployment_name=dict(type="str", default=""),
-    skipped_because=dict(type="str", default=""),
-    model_config_on_controller=dict(type="bool", default=False),
-)
 # What the kv_headroom module's own result adds to the plan's facts.
 _MODULE_KEYS = ("changed", "failed", "invocation", "msg", "warnings", "deprecations", "_ansible_no_log")
 
@@ -29,18 +21,19 @@ def missing_config_message(path, where):
             "gpu_preflight_kv_check: false to skip the check." % (path, where))
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _supports_check_mode = True
+class ActionModule(ReadOnlyAction):
+    ARGUMENT_SPEC = dict(
+        kv_request.ARGUMENT_SPEC,
+        host_name=dict(type="str", required=True),
+        deployment_name=dict(type="str", default=""),
+        skipped_because=dict(type="str", default=""),
+        model_config_on_controller=dict(type="bool", default=False),
+    )
+    MUTUALLY_EXCLUSIVE = [("model_config_path", "model_config")]
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp
-        validation, params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC,
-                                                         mutually_exclusive=[("model_config_path", "model_config")])
-        del validation
+    def decide(self, result, params, task_vars):
         # Shown without -v, as assert's message is: what the plan gives, or why it was skipped.
-        result.update(changed=False, _ansible_verbose_always=True)
+        result["_ansible_verbose_always"] = True
         if params["skipped_because"]:
             result.update(msg="KV-cache check skipped on %s: %s" % (params["host_name"], params["skipped_because"]),
                           kv_plan={})
@@ -49,11 +42,7 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg="one of model_config_path or model_config is needed, or skipped_because")
             return result
         on_host = bool(params["model_config_path"]) and not params["model_config_on_controller"]
-        try:
-            facts = self._plan_on_host(params, task_vars) if on_host else self._plan_here(params)
-        finally:
-            if on_host:
-                self._remove_tmp_path(self._connection._shell.tmpdir)
+        facts = self._plan_on_host(params, task_vars) if on_host else self._plan_here(params)
         if "msg" in facts:
             result.update(failed=True, msg=facts["msg"])
             return result

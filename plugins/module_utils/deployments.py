@@ -159,6 +159,21 @@ def canaries(deployments: list[dict], hosts, groups: dict) -> dict:
     return found
 
 
+def first_per_image(deployments: list[dict], restores=None) -> list[dict]:
+    """The first of DEPLOYMENTS for each image (name, tag and digest; where RESTORES, rollback.yml's records by
+    deployment name, restore one, the restored image), in order: a host checks and stages an image once, not once per
+    deployment that runs it."""
+    restores = restores or {}
+    seen, first = set(), []
+    for deployment in deployments:
+        restore = restores.get(deployment["name"]) or {}
+        image = tuple(restore.get(key, deployment.get(key)) for key in ("image", "image_tag", "image_digest"))
+        if image not in seen:
+            seen.add(image)
+            first.append(deployment)
+    return first
+
+
 def fleet_errors(deployments: list[dict]) -> list[str]:
     """Problems of the plan as a whole: names, served names and aliases, runners and sharing references."""
     errors = []

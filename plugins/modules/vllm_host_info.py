@@ -9,7 +9,8 @@ version_added: 0.1.0
 author: onprem.vllm developers (@onprem)
 description:
   - Read-only. One module run instead of one per question, since over SSH each task is a round trip, and a rollout asks
-    these before every host's deployment (vllm_server's C(validate.yml) and C(image_check.yml)).
+    these before every host's deployment (M(onprem.vllm.vllm_server_check) in vllm_server's C(validate.yml), and
+    C(image_check.yml)).
   - Containers and the image through the C(docker) CLI's C(inspect) (one call each; a missing object is an answer,
     any other Docker error fails the task); the port by a TCP connection; files and paths on the host's filesystem.
   - When the image is missing and O(image_archive) is given, also whether the archive exists, its size, Docker's data

@@ -632,3 +632,16 @@ def test_each_deployment_s_canary_is_the_first_rollout_host_in_its_group():
     # Limited to one host (-l ws3): it is every deployment's canary there.
     assert deployments.canaries(plan, ["ws3"], groups) == {"chat": "ws3", "router": "ws3", "embed": "ws3"}
     assert deployments.canaries(plan, [], groups) == {}
+
+
+def test_a_host_checks_and_stages_each_image_once_through_its_first_deployment():
+    from ansible_collections.onprem.vllm.plugins.filter.deployments_per_image import deployments_per_image
+    image = {"image": "vllm/vllm-openai", "image_tag": "v0.33.0", "image_digest": ""}
+    plan = [dict(image, name="chat"), dict(image, name="router"), dict(image, name="embed", image_tag="v0.32.0"),
+            dict(image, name="vision", image_digest="sha256:" + "a" * 64), dict(image, name="rerank")]
+    assert [d["name"] for d in deployments_per_image(plan)] == ["chat", "embed", "vision"]
+    # A deployment rollback.yml restores counts with the image it restores.
+    restores = {"router": {"image": "vllm/vllm-openai", "image_tag": "v0.31.0", "image_digest": ""},
+                "embed": dict(image)}
+    assert [d["name"] for d in deployments.first_per_image(plan, restores)] == ["chat", "router", "vision"]
+    assert deployments.first_per_image([]) == []
