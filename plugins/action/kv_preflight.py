@@ -32,11 +32,11 @@ class ActionModule(ReadOnlyAction):
     MUTUALLY_EXCLUSIVE = [("model_config_path", "model_config")]
 
     def decide(self, result, params, task_vars):
-        # Shown without -v, as assert's message is: what the plan gives, or why it was skipped.
-        result["_ansible_verbose_always"] = True
         if params["skipped_because"]:
+            # Shown without -v: a check that did not run says so. What a plan gives is shown with -v (the plan's
+            # facts would fill the screen on every run).
             result.update(msg="KV-cache check skipped on %s: %s" % (params["host_name"], params["skipped_because"]),
-                          kv_plan={})
+                          kv_plan={}, _ansible_verbose_always=True)
             return result
         if not params["model_config_path"] and not params["model_config"]:
             result.update(failed=True, msg="one of model_config_path or model_config is needed, or skipped_because")

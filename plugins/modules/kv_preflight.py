@@ -18,6 +18,7 @@ description:
     O(model_config_path) on the controller (O(model_config_on_controller)), with no round trip to the host; a
     O(model_config_path) on the host is looked for there and planned by M(onprem.vllm.kv_headroom) on the host.
   - A missing O(model_config_path) fails with what to do instead.
+  - RV(msg) is shown with C(-v) where the plan fits, always where the check was skipped or refused.
   - The role C(onprem.vllm.gpu_preflight) calls it once per deployment (C(tasks/kv_plan.yml)), in the plan check before
     any driver and in the preflight on the GPUs chosen.
 author:
