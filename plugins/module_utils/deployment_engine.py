@@ -164,3 +164,25 @@ def next_action(desired: str, desired_record: dict, current, aside, marker, reco
     if record != desired_record:
         return Action(RECORD, why="the record does not describe the server that runs")
     return Action(DONE)
+
+
+def said(host_name: str, name: str, result: dict) -> str:
+    """One line of what a deployment call did: its actions in order ('nothing to do' when none), and the known-answer
+    gate's outcome where it recorded answers or let differing ones pass."""
+    actions = " → ".join(a["action"] for a in result.get("actions") or [])
+    line = "%s/%s: %s" % (host_name, name, actions or "nothing to do")
+    known = result.get("known_answers") or {}
+    if known.get("outcome") in ("recorded", "differs"):
+        line += "; known answers: %s" % (known.get("note") or known["outcome"])
+    return line
+
+
+def differing_answers_warning(host_name: str, name: str, result: dict) -> str:
+    """A warning where the known-answer gate let differing answers pass (vllm_server_known_answers: record_missing
+    keeps serving a server whose answers moved), else ''."""
+    known = result.get("known_answers") or {}
+    if known.get("outcome") != "differs":
+        return ""
+    return ("%s/%s answers %d of its known-answer prompts differently from the answers recorded on the host, and was "
+            "kept (the known-answer gate only records missing answers): %s" % (
+                host_name, name, len(known.get("failures") or []), (known.get("failures") or ["no detail"])[0]))

@@ -168,6 +168,10 @@ options:
     description: The host's name in messages (its inventory name).
     type: str
     default: ""
+  endpoint:
+    description: Where clients reach the server (its published URL), returned as RV(endpoint) with what it runs.
+    type: str
+    default: ""
   fault_after:
     description:
       - Test-only fault injection (the fleet scenario's crash checks K1-K5) - the module kills itself (SIGKILL) right
@@ -205,6 +209,32 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+state:
+  description: The O(state) the call was made with.
+  returned: always
+  type: str
+image:
+  description: The image the server runs (O(container.image), else O(image)).
+  returned: always
+  type: str
+served_model_name:
+  description: The name the server answers to (O(container.served_model_name)); empty with O(state=settled).
+  returned: always
+  type: str
+local_url:
+  description: Where the host's own checks reach the server (O(url)).
+  returned: always
+  type: str
+local_tls:
+  description:
+    - What the host's own checks present to reach it over mutual TLS (O(ca_path), O(client_cert), O(client_key)); empty
+      strings for plain http.
+  returned: always
+  type: dict
+endpoint:
+  description: O(endpoint), as given.
+  returned: always
+  type: str
 replaces:
   description: Whether the running server is (or, with O(state=prepared), will be) replaced.
   returned: always
@@ -269,6 +299,15 @@ SETTLE_ONLY = "(settle only)"
 PROBE_PROMPT = "Write a short story about a lighthouse keeper."
 
 
+def server_facts(params):
+    """What every result says of the server (the role publishes the result as vllm_server_result)."""
+    container = params["container"] or {}
+    return dict(state=params["state"], image=container.get("image") or params["image"],
+                served_model_name=container.get("served_model_name", ""), local_url=params["url"],
+                local_tls={k: params[k] for k in ("ca_path", "client_cert", "client_key")},
+                endpoint=params["endpoint"])
+
+
 class Deployment:
     def __init__(self, module):
         self.module = module
@@ -292,6 +331,14 @@ class Deployment:
         self.baseline = None
         self.changed = False
         self.image_pending = {}
+
+    def exit(self, **result):
+        self.module.exit_json(**dict(server_facts(self.p), **result))
+
+    def fail(self, **result):
+        failed = dict(server_facts(self.p), replaces=False, rolled_back=False, outcome="failed")
+        failed.update(result)
+        self.module.fail_json(**failed)
 
     # --- observe ---------------------------------------------------------------------------------------------------
     def _box(self, inspected):
@@ -406,10 +453,10 @@ class Deployment:
         served = labels.get(LABEL_SERVED, self.spec["served_model_name"])
         outcome, msg = self.health_gate(served, "generate")
         if not outcome["passed"]:
-            self.module.fail_json(msg="The benchmark gate needs the running server as its baseline, but it does not "
-                                  "serve (%s). Nothing was changed. Fix the running server, or deploy without "
-                                  "vllm_server_gate_benchmark (onprem_vllm_rollout_canary_benchmark for a rollout)."
-                                  % msg, actions=self.actions, replaces=False, rolled_back=False)
+            self.fail(msg="The benchmark gate needs the running server as its baseline, but it does not "
+                      "serve (%s). Nothing was changed. Fix the running server, or deploy without "
+                      "vllm_server_gate_benchmark (onprem_vllm_rollout_canary_benchmark for a rollout)."
+                      % msg, actions=self.actions)
         before = self.sweep(served)
         self.baseline = before["levels"]
         self.baseline_figures = [{"concurrency": lv["concurrency"], "output_throughput": lv.get("output_throughput"),
@@ -536,20 +583,19 @@ class Deployment:
         host = self.p["host_name"] or "the host"
         if archive:
             if not os.path.isfile(archive):
-                self.module.fail_json(msg="Image %s is not on %s and the archive %s does not exist: copy the `docker "
-                                      "save` tarball there or fix vllm_server_image_tag / vllm_server_image_archive."
-                                      % (ref, host, archive), outcome="failed")
+                self.fail(msg="Image %s is not on %s and the archive %s does not exist: copy the `docker "
+                          "save` tarball there or fix vllm_server_image_tag / vllm_server_image_archive."
+                          % (ref, host, archive))
             size = os.path.getsize(archive)
             root = self.docker.root_dir()
             stat = os.statvfs(root)
             free = stat.f_bavail * stat.f_frsize
             if free < 2 * size:
                 gib = 1024.0 ** 3
-                self.module.fail_json(msg=(
+                self.fail(msg=(
                     "Loading %s (%.1f GiB) needs about %.1f GiB free under %s (Docker unpacks the archive before "
                     "applying its layers); %.1f GiB are free on %s: remove unused images (docker image prune -a) or "
-                    "move Docker's data-root." % (archive, size / gib, 2 * size / gib, root, free / gib, host)),
-                    outcome="failed")
+                    "move Docker's data-root." % (archive, size / gib, 2 * size / gib, root, free / gib, host)))
             self.actions.append({"action": "load_image", "purpose": "", "why": "%s is not on the host" % ref,
                                  "planned": self.module.check_mode})
             self.image_pending = {"image": ref, "archive": archive, "size": size}
@@ -559,8 +605,8 @@ class Deployment:
             loaded = self.docker.load(archive)
             self.changed = True
             if ref.split("@")[0] not in loaded:
-                self.module.fail_json(msg="%s holds %s, not %s: fix vllm_server_image_tag or the archive."
-                                      % (archive, ", ".join(loaded) or "no tagged image", ref), outcome="failed")
+                self.fail(msg="%s holds %s, not %s: fix vllm_server_image_tag or the archive."
+                          % (archive, ", ".join(loaded) or "no tagged image", ref))
             return
         self.image_pending = {"image": ref, "archive": "", "size": 0}
         repository, _at, digest = ref.partition("@")
@@ -584,8 +630,8 @@ class Deployment:
         if self.p["state"] != "settled":
             self.stage_image()
         if self.p["state"] == "staged":
-            self.module.exit_json(changed=self.changed, actions=self.actions, outcome="ready", replaces=False,
-                                  rolled_back=False, image_pending=self.image_pending)
+            self.exit(changed=self.changed, actions=self.actions, outcome="ready", replaces=False,
+                      rolled_back=False, image_pending=self.image_pending)
         prepare = self.p["state"] != "deployed"
         for _step in range(40):
             current, aside, marker, record = self.observe()
@@ -598,20 +644,20 @@ class Deployment:
                     self.changed = self.changed or action.name not in (engine.GATE, engine.DONE)
                     self.actions.append({"action": action.name, "purpose": action.purpose, "why": action.why,
                                          "planned": True})
-                self.module.exit_json(replaces=replaces and not self.module.check_mode, rolled_back=False,
-                                      diff=diff, outcome="ready", **self.result())
+                self.exit(replaces=replaces and not self.module.check_mode, rolled_back=False,
+                          diff=diff, outcome="ready", **self.result())
             if action.name == engine.DONE:
-                self.module.exit_json(replaces=any(a["action"] == engine.CREATE for a in self.actions),
-                                      rolled_back=False, outcome="done", **self.result())
+                self.exit(replaces=any(a["action"] == engine.CREATE for a in self.actions),
+                          rolled_back=False, outcome="done", **self.result())
             if action.name == engine.FAIL:
                 rolled_back = action.why != "the unchanged server failed its gate"
-                self.module.fail_json(msg=self.failure_message(action), replaces=rolled_back, rolled_back=rolled_back,
-                                      outcome="failed", **self.result())
+                self.fail(msg=self.failure_message(action), replaces=rolled_back, rolled_back=rolled_back,
+                          outcome="failed", **self.result())
             self.act(action)
             if self.p["fault_after"] == action.name:
                 os.kill(os.getpid(), signal.SIGKILL)
-        self.module.fail_json(msg="the deployment of %s did not settle in 40 actions: %s" % (self.name, self.actions),
-                              **self.result())
+        self.fail(msg="the deployment of %s did not settle in 40 actions: %s" % (self.name, self.actions),
+                  **self.result())
 
 
 def main():
@@ -651,6 +697,7 @@ def main():
             image=dict(type="str", default=""),
             image_archive=dict(type="str", default=""),
             host_name=dict(type="str", default=""),
+            endpoint=dict(type="str", default=""),
         ),
         required_if=[("state", "staged", ("image",)),
                      ("state", "prepared", ("deployment_id", "record", "container")),
@@ -660,14 +707,15 @@ def main():
     problem = vllm_http.tls_problem(module.params) or (
         "" if module.check_mode else vllm_http.tls_files_problem(module.params))
     if problem:
-        module.fail_json(msg=problem)
+        module.fail_json(msg=problem, **server_facts(module.params))
     if module.params["container"]:
         env = module.params["container"]["env"]
         module.params["container"]["env"] = {str(k): str(v) for k, v in env.items()}
     try:
         Deployment(module).run()
     except (docker_api.DockerError, deployment_record.RecordError, OSError, ValueError) as exc:
-        module.fail_json(msg="vllm_deployment of %s: %s" % (module.params["name"], exc))
+        module.fail_json(msg="vllm_deployment of %s: %s" % (module.params["name"], exc), replaces=False,
+                         rolled_back=False, outcome="failed", **server_facts(module.params))
 
 
 if __name__ == "__main__":

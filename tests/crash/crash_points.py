@@ -36,8 +36,9 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, os.path.join(ROOT, ".collections"))
 from ansible_collections.onprem.vllm.plugins.module_utils import deployment_engine  # noqa: E402
 
-# The task after the deployment module's: a kill there lands right after what the module did.
-AFTER_DEPLOYMENT = "Publish where the server answers"
+# The task after the deployment module's when it dies (the rescue's first): a kill there lands right after what the
+# module did.
+AFTER_DEPLOYMENT = "Remember why the host failed"
 CALLBACKS = os.path.join(ROOT, "tests", "crash", "callback_plugins")
 # Tasks that act on neither the host nor the gateway: a kill after one leaves what the task before it left.
 CONTROLLER_ONLY = {"set_fact", "ansible.builtin.set_fact", "debug", "ansible.builtin.debug", "assert",
@@ -101,7 +102,9 @@ class Runner:
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1",
                    ANSIBLE_CALLBACK_PLUGINS=CALLBACKS, ANSIBLE_CALLBACKS_ENABLED="crash_at")
         env.update({f"ONPREM_CRASH_{key.upper()}": str(value) for key, value in crash.items()})
-        argv = [self.playbook, os.path.join(ROOT, "playbooks", book), "-i", self.args.inventory, "-l", self.args.host]
+        # -v: the deployment module's one line of what it did (module_actions) is shown with -v.
+        argv = [self.playbook, os.path.join(ROOT, "playbooks", book), "-i", self.args.inventory, "-l", self.args.host,
+                "-v"]
         if target_tag:
             argv += ["-e", json.dumps({"onprem_vllm_image_tag": target_tag})]
         if fault_after:

@@ -272,3 +272,28 @@ def test_a_server_the_interrupted_run_was_to_replace_is_started_again_and_kept()
 def test_an_empty_desired_deployment_is_refused():
     with pytest.raises(ValueError):
         engine.next_action("", {}, None, None, None, None, {})
+
+
+def test_what_a_call_did_is_said_in_one_line():
+    replaced = {"changed": True, "actions": [{"action": engine.WRITE_MARKER}, {"action": engine.CREATE},
+                                             {"action": engine.GATE}],
+                "known_answers": {"outcome": "passed"}}
+    assert engine.said("ws1", "vllm", replaced) == "ws1/vllm: write_marker → create → gate"
+    assert engine.said("ws1", "vllm", {"changed": False, "actions": []}) == "ws1/vllm: nothing to do"
+    assert not engine.differing_answers_warning("ws1", "vllm", replaced)
+
+
+def test_recorded_answers_are_said():
+    recorded = {"changed": True, "actions": [{"action": engine.GATE}],
+                "known_answers": {"outcome": "recorded", "note": "no answers were recorded for this model"}}
+    assert engine.said("ws1", "vllm", recorded).endswith("; known answers: no answers were recorded for this model")
+    assert not engine.differing_answers_warning("ws1", "vllm", recorded)
+
+
+def test_differing_answers_let_pass_are_said_and_warned_of():
+    differs = {"changed": False, "actions": [{"action": engine.GATE}],
+               "known_answers": {"outcome": "differs", "failures": ["prompt 2: token 3 differs", "prompt 5"]}}
+    assert engine.said("ws1", "vllm", differs) == "ws1/vllm: gate; known answers: differs"
+    warning = engine.differing_answers_warning("ws1", "vllm", differs)
+    assert "ws1/vllm answers 2 of its known-answer prompts differently" in warning
+    assert warning.endswith("prompt 2: token 3 differs")
