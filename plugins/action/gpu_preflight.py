@@ -55,7 +55,7 @@ class ActionModule(ReadOnlyAction):
         if topology.get("failed"):
             return self._failed(result, topology)
         decided = gpu_preflight_verdict.verdict(params["host_name"], health, topology, params)
-        result.update(changed=False, failed=decided["failed"], msg=decided["msg"], choice=decided["choice"],
+        result.update(failed=decided["failed"], msg=decided["msg"], choice=decided["choice"],
                       warnings_list=decided["warnings"])
         if decided["warnings"]:
             result["warnings"] = list(decided["warnings"])

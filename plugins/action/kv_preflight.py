@@ -11,7 +11,7 @@ from ansible_collections.onprem.vllm.plugins.module_utils import kv_request
 from ansible_collections.onprem.vllm.plugins.plugin_utils.read_only_action import ReadOnlyAction
 
 # What the kv_headroom module's own result adds to the plan's facts.
-_MODULE_KEYS = ("changed", "failed", "invocation", "msg", "warnings", "deprecations", "_ansible_no_log")
+_MODULE_KEYS = ("changed", "failed", "invocation", "msg", "warnings", "deprecations")
 
 
 def missing_config_message(path, where):
