@@ -336,9 +336,7 @@ class Deployment:
         self.module.exit_json(**dict(server_facts(self.p), **result))
 
     def fail(self, **result):
-        failed = dict(server_facts(self.p), replaces=False, rolled_back=False, outcome="failed")
-        failed.update(result)
-        self.module.fail_json(**failed)
+        fail(self.module, **result)
 
     # --- observe ---------------------------------------------------------------------------------------------------
     def _box(self, inspected):
@@ -652,12 +650,20 @@ class Deployment:
             if action.name == engine.FAIL:
                 rolled_back = action.why != "the unchanged server failed its gate"
                 self.fail(msg=self.failure_message(action), replaces=rolled_back, rolled_back=rolled_back,
-                          outcome="failed", **self.result())
+                          **self.result())
             self.act(action)
             if self.p["fault_after"] == action.name:
                 os.kill(os.getpid(), signal.SIGKILL)
         self.fail(msg="the deployment of %s did not settle in 40 actions: %s" % (self.name, self.actions),
                   **self.result())
+
+
+def fail(module, **result):
+    """Every failure's result: the server's facts, and what the rollout's rescue reads (nothing replaced or rolled
+    back unless the result says so)."""
+    failed = dict(server_facts(module.params), replaces=False, rolled_back=False, outcome="failed")
+    failed.update(result)
+    module.fail_json(**failed)
 
 
 def main():
@@ -707,15 +713,14 @@ def main():
     problem = vllm_http.tls_problem(module.params) or (
         "" if module.check_mode else vllm_http.tls_files_problem(module.params))
     if problem:
-        module.fail_json(msg=problem, **server_facts(module.params))
+        fail(module, msg=problem)
     if module.params["container"]:
         env = module.params["container"]["env"]
         module.params["container"]["env"] = {str(k): str(v) for k, v in env.items()}
     try:
         Deployment(module).run()
     except (docker_api.DockerError, deployment_record.RecordError, OSError, ValueError) as exc:
-        module.fail_json(msg="vllm_deployment of %s: %s" % (module.params["name"], exc), replaces=False,
-                         rolled_back=False, outcome="failed", **server_facts(module.params))
+        fail(module, msg="vllm_deployment of %s: %s" % (module.params["name"], exc))
 
 
 if __name__ == "__main__":
