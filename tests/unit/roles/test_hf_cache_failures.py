@@ -2,7 +2,8 @@
 """hf_cache's failure paths, each fault fed to the whole role (ansible-playbook, local connection) and its message
 checked: a gated model without a token and a revision the hub does not have (conftest's hf_hub_double, a TEST DOUBLE
 of the hub's API: no hub is reachable here), no room for the model, an archive that is not a tarball and a tarball
-that does not hold the model. Each fails before anything lands in the cache."""
+that does not hold the model; settings the role refuses (all of a case's at once). Each fails before anything lands
+in the cache."""
 from __future__ import annotations
 
 import io
@@ -42,6 +43,11 @@ EXPECTED = {
     "no_room": ["GiB free", "Nothing was downloaded or unpacked", "hf_cache_path"],
     "not_a_tarball": ["could not unpack", "must be a tarball"],
     "tarball_without_the_model": ["could not unpack", "models--onprem-test--tiny"],
+    "bad_name_and_no_archive": ["set hf_cache_model to ORG/NAME (got not-a-repo-id)", "got 'main/../x'",
+                                "hf_cache_source=archive needs hf_cache_archive"],
+    "relative_archive_on_the_host": ["hf_cache_source=archive needs hf_cache_archive", "models--onprem-test--tiny"],
+    "directory_not_absolute": ["hf_cache_source=directory needs hf_cache_directory"],
+    "hub_without_image": ["hf_cache_source=hub needs hf_cache_image"],
 }
 
 
@@ -64,9 +70,16 @@ def test_each_fault_stops_the_role_with_a_message_that_says_what_to_do(playbook_
         "no_room": dict(archive, hf_cache_archive=model_tar, hf_cache_model_size_bytes=2 ** 60),
         "not_a_tarball": dict(archive, hf_cache_archive=str(junk)),
         "tarball_without_the_model": dict(archive, hf_cache_archive=other_tar),
+        "bad_name_and_no_archive": dict(archive, hf_cache_archive="", hf_cache_model="not-a-repo-id",
+                                        hf_cache_revision="main/../x"),
+        "relative_archive_on_the_host": dict(archive, hf_cache_archive="models/tiny.tar"),
+        "directory_not_absolute": {"hf_cache_source": "directory", "hf_cache_directory": "models",
+                                   "hf_cache_revision": COMMIT},
+        "hub_without_image": dict(hub, hf_cache_image="", hf_cache_revision=COMMIT),
     }
     for case, variables in cases.items():
-        variables.update(hf_cache_model=MODEL, hf_cache_path=str(tmp_path / case / "hf"))
+        variables.setdefault("hf_cache_model", MODEL)
+        variables["hf_cache_path"] = str(tmp_path / case / "hf")
     runs = playbook_cases(PLAYBOOK, cases, str(tmp_path))
 
     wrong = {}
