@@ -70,11 +70,15 @@ _value:
       type: bool
 """
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 from ansible_collections.onprem.vllm.plugins.module_utils.rollout_gateway import step
 
 
 def rollout_gateway_step(server, gateway, listing, deployment, gpu_return, gateways):
-    return step(dict(server or {}), dict(gateway or {}), listing, str(deployment), bool(gpu_return), int(gateways))
+    # boolean(): a "false" string from an extra variable is false, not a non-empty string.
+    return step(dict(server or {}), dict(gateway or {}), listing, str(deployment), boolean(gpu_return, strict=False),
+                int(gateways))
 
 
 class FilterModule:

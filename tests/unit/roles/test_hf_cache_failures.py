@@ -48,6 +48,7 @@ EXPECTED = {
     "relative_archive_on_the_host": ["hf_cache_source=archive needs hf_cache_archive", "models--onprem-test--tiny"],
     "directory_not_absolute": ["hf_cache_source=directory needs hf_cache_directory"],
     "hub_without_image": ["hf_cache_source=hub needs hf_cache_image"],
+    "symbolic_mode": ["hf_cache_mode must be an octal mode like 0755 (got 'u=rwx,go=rx')"],
 }
 
 
@@ -76,6 +77,7 @@ def test_each_fault_stops_the_role_with_a_message_that_says_what_to_do(playbook_
         "directory_not_absolute": {"hf_cache_source": "directory", "hf_cache_directory": "models",
                                    "hf_cache_revision": COMMIT},
         "hub_without_image": dict(hub, hf_cache_image="", hf_cache_revision=COMMIT),
+        "symbolic_mode": dict(archive, hf_cache_archive=model_tar, hf_cache_mode="u=rwx,go=rx"),
     }
     for case, variables in cases.items():
         variables.setdefault("hf_cache_model", MODEL)

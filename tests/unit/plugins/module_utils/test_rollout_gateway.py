@@ -113,5 +113,7 @@ def test_no_step_puts_back_a_server_that_never_passed_a_gate():
 
 def test_the_filter_takes_jinja_values():
     assert rollout_gateway_step(PREPARED_REPLACED, {}, None, "chat", False, 2)["drain"] is True
+    assert rollout_gateway_step(DEPLOY_DIED, DRAINED, None, "chat", "false", "1")["stays_out_cut_short"] is True
+    assert rollout_gateway_step(ROLLED_BACK, DRAINED, None, "chat", "false", 1)["undrain_restored"] is True
     assert rollout_gateway_step(None, None, None, "chat", False, 0) == {
         "drain": False, "undrain": False, "undrain_restored": False, "stays_out_cut_short": False}
